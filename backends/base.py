@@ -1,0 +1,140 @@
+"""The neutral types that cross the gateway/backend boundary, and the Backend protocol.
+
+A backend turns a ``GenerationRequest`` into a stream of ``Chunk``s; a
+non-streaming response is that stream collected. Failures are ``BackendError``
+with a ``kind``: the gateway renders kinds to OpenAI error JSON in one place,
+and dispatch decides from ``retryable`` whether another backend may try.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What to generate, independent of any engine's wire format.
+
+    Exactly one of ``messages`` (chat) and ``prompt`` (completion) is set.
+    ``max_tokens`` None means "as many as the context leaves room for".
+    ``extra`` holds fields the client sent that OpenAI does not define
+    (``ignore_eos``, ``top_k``, ...): engines that know them use them.
+    """
+
+    request_id: str
+    model: str
+    max_tokens: int | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A piece of the answer: text, and on the last chunk the finish reason and usage."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class ErrorKind(enum.Enum):
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    OVERLOADED = "overloaded"
+    BAD_REQUEST = "bad_request"
+    CONTEXT_LENGTH = "context_length"
+    UPSTREAM = "upstream"
+    PROTOCOL = "protocol"
+
+
+# Whether another backend may be tried after an error of this kind (before the first token).
+_RETRYABLE = {
+    ErrorKind.CONNECT: True,
+    ErrorKind.TIMEOUT: True,
+    ErrorKind.OVERLOADED: True,
+    ErrorKind.BAD_REQUEST: False,
+    ErrorKind.CONTEXT_LENGTH: False,
+    ErrorKind.UPSTREAM: True,
+    ErrorKind.PROTOCOL: True,
+}
+
+
+class BackendError(Exception):
+    """An engine failed; ``kind`` says how, for mapping to OpenAI errors and for failover."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after: float | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+        self.retryable = _RETRYABLE[kind] if retryable is None else retryable
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Live load as the engine reports it (or as the gateway counts it)."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One engine deployment. ``generate`` is an async generator; closing it cancels the work."""
+
+    name: str
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]: ...
+
+    async def health(self) -> Health: ...
+
+    async def load(self) -> Load | None: ...
+
+    def models(self) -> list[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class TokenCounting(Protocol):
+    """Optional: engines that count what they generated themselves (in-process engines)."""
+
+    generated_tokens: int

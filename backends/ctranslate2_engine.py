@@ -1,0 +1,97 @@
+"""CTranslate2 in process: the embedded default engine.
+
+The model is derived from the GGUF at start (``ct2_convert``); prompts are
+tokenized with the derived ``tokenizer.json``, whose ids match llama.cpp's.
+Generation runs in worker threads; closing the stream stops the token loop,
+which stops CTranslate2 at its next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+from backends.base import Chunk, GenerationRequest, Health, Load
+from backends.ct2_convert import TOKENIZER_FILE, derive
+from backends.inproc import ChatRenderer, ThreadedGeneration, check_context, piece_table
+
+
+class CTranslate2Backend:
+    def __init__(
+        self,
+        name: str,
+        model_name: str,
+        gguf_path: Path,
+        cache_dir: Path,
+        *,
+        threads: int = 1,
+        max_concurrency: int = 4,
+        max_queue: int = 64,
+    ) -> None:
+        import ctranslate2
+        from tokenizers import Tokenizer
+
+        self.name = name
+        self._model_name = model_name
+        model_dir, gguf = derive(gguf_path, cache_dir)
+        self.context_length = gguf.context_length
+        self._generator = ctranslate2.Generator(
+            str(model_dir), device="cpu", intra_threads=threads, inter_threads=1
+        )
+        self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
+        self._vocab = gguf.vocab
+        self._pieces = piece_table(gguf.vocab)
+        self._stop_ids = frozenset(gguf.vocab.stop_ids)
+        self._chat = ChatRenderer(gguf.vocab.chat_template)
+        self._workers = ThreadedGeneration(name, max_concurrency, max_queue)
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._workers.generated_tokens
+
+    def models(self) -> list[str]:
+        return [self._model_name]
+
+    async def health(self) -> Health:
+        return Health(ok=self._generator.model_is_loaded)
+
+    async def load(self) -> Load | None:
+        return Load(running=self._workers.running, waiting=self._workers.waiting)
+
+    async def aclose(self) -> None:
+        self._workers.shutdown()
+
+    def _prompt_tokens(self, request: GenerationRequest) -> list[str]:
+        text = self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
+        tokens: list[str] = self._tokenizer.encode(text, add_special_tokens=False).tokens
+        if self._vocab.add_bos and self._vocab.bos_id is not None:
+            tokens.insert(0, self._vocab.tokens[self._vocab.bos_id])
+        return tokens
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        prompt = self._prompt_tokens(request)
+        max_tokens = check_context(request, len(prompt), self.context_length)
+        options: dict[str, object] = {"max_length": max_tokens, "end_token": []}
+        if request.greedy:
+            options["sampling_topk"] = 1
+        else:
+            options.update(sampling_topk=0, sampling_topp=request.top_p, sampling_temperature=request.temperature)
+        if request.seed is not None:
+            # CTranslate2's seed is process-wide: a seed is honoured best effort under concurrency.
+            import ctranslate2
+
+            ctranslate2.set_random_seed(request.seed)
+
+        def token_loop(cancelled: Callable[[], bool]) -> Iterator[int]:
+            steps = self._generator.generate_tokens(prompt, **options)
+            try:
+                for step in steps:
+                    yield step.token_id
+                    if cancelled():
+                        return
+            finally:
+                steps.close()  # stops CTranslate2's own generation thread
+
+        async for chunk in self._workers.run(request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens):
+            yield chunk
+

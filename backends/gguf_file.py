@@ -1,0 +1,120 @@
+"""Read a llama-architecture GGUF file into plain numpy arrays and vocabulary lists.
+
+The in-process engines share one model file: llama.cpp loads the GGUF itself,
+CTranslate2 gets a model derived from it (``ct2_convert``), and the gateway's
+tokenizer is derived from its vocabulary (``hf_tokenizer``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# llama.cpp's token types
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+
+class GgufError(ValueError):
+    """The file is not a GGUF this project can use; the message says why."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    tokens: list[str]
+    scores: list[float]
+    types: list[int]
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    unk_id: int | None
+    add_bos: bool
+    add_space_prefix: bool
+    chat_template: str | None
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Tokens that end a generation: end of sequence and end of turn."""
+        return sorted({i for i in (self.eos_id, self.eot_id) if i is not None})
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    path: Path
+    sha256: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_heads_kv: int
+    dim: int
+    ffn_dim: int
+    context_length: int
+    rope_base: float
+    rms_eps: float
+    vocab: Vocabulary
+    tensors: dict[str, np.ndarray] = field(repr=False)
+
+    @property
+    def n_params(self) -> int:
+        return sum(int(t.size) for t in self.tensors.values())
+
+
+def _field(fields: dict[str, Any], key: str, default: Any = None) -> Any:
+    f = fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_gguf(path: str | Path) -> GgufModel:
+    """Load metadata, vocabulary and float tensors of a llama GGUF file."""
+    from gguf import GGUFReader, GGMLQuantizationType
+
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+        reader = GGUFReader(path)
+    except (OSError, ValueError) as exc:
+        raise GgufError(f"{path}: cannot read GGUF file: {exc}") from exc
+    fields = reader.fields
+    arch = _field(fields, "general.architecture")
+    if arch != "llama":
+        raise GgufError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    if _field(fields, "tokenizer.ggml.model") != "llama":
+        raise GgufError(f"{path}: only SentencePiece-style ('llama') vocabularies are supported")
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raise GgufError(f"{path}: tensor {t.name} is {t.tensor_type.name}; only F32 and F16 convert")
+        tensors[t.name] = np.asarray(t.data, dtype=np.float32)
+    n_heads = int(_field(fields, "llama.attention.head_count"))
+    vocab = Vocabulary(
+        tokens=list(_field(fields, "tokenizer.ggml.tokens")),
+        scores=[float(s) for s in _field(fields, "tokenizer.ggml.scores")],
+        types=[int(t) for t in _field(fields, "tokenizer.ggml.token_type")],
+        bos_id=_field(fields, "tokenizer.ggml.bos_token_id"),
+        eos_id=_field(fields, "tokenizer.ggml.eos_token_id"),
+        eot_id=_field(fields, "tokenizer.ggml.eot_token_id"),
+        unk_id=_field(fields, "tokenizer.ggml.unknown_token_id"),
+        add_bos=bool(_field(fields, "tokenizer.ggml.add_bos_token", True)),
+        add_space_prefix=bool(_field(fields, "tokenizer.ggml.add_space_prefix", True)),
+        chat_template=_field(fields, "tokenizer.chat_template"),
+    )
+    return GgufModel(
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+        architecture=arch,
+        n_layers=int(_field(fields, "llama.block_count")),
+        n_heads=n_heads,
+        n_heads_kv=int(_field(fields, "llama.attention.head_count_kv", n_heads)),
+        dim=int(_field(fields, "llama.embedding_length")),
+        ffn_dim=int(_field(fields, "llama.feed_forward_length")),
+        context_length=int(_field(fields, "llama.context_length")),
+        rope_base=float(_field(fields, "llama.rope.freq_base", 10000.0)),
+        rms_eps=float(_field(fields, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        vocab=vocab,
+        tensors=tensors,
+    )

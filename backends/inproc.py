@@ -1,0 +1,212 @@
+"""What the in-process engines (CTranslate2, llama.cpp) share.
+
+Both load the same llama GGUF, render chat with its template, generate token
+ids in a worker thread and turn ids into text deltas here, on the event loop:
+
+- ``TextAssembler`` maps ids to bytes with llama.cpp's piece rules, decodes
+  UTF-8 incrementally, and holds back text that may still become a stop
+  string, so no engine ever streams half a character or part of a stop.
+- ``ThreadedGeneration`` runs a blocking token loop in a thread, hands ids to
+  the event loop, and stops the loop when the consumer goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.gguf_file import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
+
+SPACE = "\u2581"
+
+_CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class ChatRenderer:
+    """Renders messages with the model's own chat template (ChatML when it has none)."""
+
+    def __init__(self, template: str | None) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(template or _CHATML)
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        return self._template.render(messages=messages, add_generation_prompt=True)
+
+
+def piece_table(vocab: Vocabulary) -> list[bytes]:
+    """Bytes each token id prints as: control and unknown tokens print nothing."""
+    table: list[bytes] = []
+    for tok, ttype in zip(vocab.tokens, vocab.types, strict=True):
+        if ttype == TOKEN_BYTE:
+            table.append(bytes([int(tok[3:-1], 16)]))
+        elif ttype in (TOKEN_NORMAL, TOKEN_USER_DEFINED):
+            table.append(tok.replace(SPACE, " ").encode())
+        else:
+            table.append(b"")
+    return table
+
+
+class TextAssembler:
+    """Turns generated ids into safe-to-send text deltas, honouring stop strings."""
+
+    def __init__(self, pieces: list[bytes], stop: Iterable[str]) -> None:
+        self._pieces = pieces
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop = tuple(s for s in stop if s)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, token_id: int) -> str:
+        """Text that may be sent now; sets ``stopped`` when a stop string completes."""
+        self._held += self._decoder.decode(self._pieces[token_id])
+        if not self._stop:
+            out, self._held = self._held, ""
+            return out
+        cut = min((i for i in (self._held.find(s) for s in self._stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            out, self._held = self._held[:cut], ""
+            return out
+        keep = max((k for s in self._stop for k in range(1, len(s)) if self._held.endswith(s[:k])), default=0)
+        cut = len(self._held) - keep
+        out, self._held = self._held[:cut], self._held[cut:]
+        return out
+
+    def flush(self) -> str:
+        """At the end of generation: whatever was held back is plain text after all."""
+        out = self._held + self._decoder.decode(b"", final=True)
+        self._held = ""
+        return out
+
+
+_DONE = object()
+
+
+class ThreadedGeneration:
+    """Bounded concurrency for a blocking engine: ``slots`` workers, ``max_queue`` waiters."""
+
+    def __init__(self, name: str, slots: int, max_queue: int) -> None:
+        self._name = name
+        self._slots = asyncio.Semaphore(slots)
+        self._waiting = 0
+        self._max_queue = max_queue
+        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"engine-{name}")
+        self._count_lock = threading.Lock()
+        self.generated_tokens = 0
+        self.running = 0
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    async def run(
+        self,
+        request: GenerationRequest,
+        token_loop: Callable[[Callable[[], bool]], Iterable[int]],
+        prompt_tokens: int,
+        pieces: list[bytes],
+        stop_ids: frozenset[int],
+        max_tokens: int,
+    ) -> AsyncIterator[Chunk]:
+        """Stream chunks from ``token_loop(cancelled)``, an iterator of ids run in a worker thread."""
+        if self._slots.locked() and self._waiting >= self._max_queue:
+            raise BackendError(ErrorKind.OVERLOADED, f"backend {self._name} is at capacity", retry_after=1.0)
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancel = threading.Event()
+        ignore_eos = bool(request.extra.get("ignore_eos", False))
+
+        def work() -> None:
+            try:
+                for n, token_id in enumerate(token_loop(cancel.is_set), start=1):
+                    if cancel.is_set():
+                        break
+                    with self._count_lock:
+                        self.generated_tokens += 1
+                    loop.call_soon_threadsafe(queue.put_nowait, token_id)
+                    if n >= max_tokens or (token_id in stop_ids and not ignore_eos):
+                        break
+            except Exception as exc:  # handed to the consumer, who raises it as a BackendError
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        self.running += 1
+        future = self._pool.submit(work)
+
+        def release(_: object) -> None:
+            loop.call_soon_threadsafe(self._release)
+
+        future.add_done_callback(release)
+        text = TextAssembler(pieces, request.stop)
+        completion = 0
+        finish = "length"
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, Exception):
+                    raise BackendError(ErrorKind.UPSTREAM, f"{self._name}: {item}") from item
+                if item in stop_ids and not ignore_eos:
+                    finish = "stop"
+                    break
+                completion += 1
+                delta = text.feed(item)
+                if text.stopped:
+                    finish = "stop"
+                    if delta:
+                        yield Chunk(text=delta)
+                    break
+                if delta:
+                    yield Chunk(text=delta)
+            tail = "" if text.stopped else text.flush()
+            yield Chunk(text=tail, finish_reason=finish, usage=Usage(prompt_tokens, completion))
+        finally:
+            cancel.set()
+
+    def _release(self) -> None:
+        self.running -= 1
+        self._slots.release()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def check_context(request: GenerationRequest, prompt_tokens: int, context: int) -> int:
+    """The output budget this request may use; an error when the prompt leaves no room for it."""
+    room = context - prompt_tokens
+    param = "messages" if request.messages is not None else "prompt"
+    if request.max_tokens is None:
+        if room <= 0:
+            raise BackendError(
+                ErrorKind.CONTEXT_LENGTH,
+                f"This model's maximum context length is {context} tokens. "
+                f"However, your {param} resulted in {prompt_tokens} tokens.",
+                param=param,
+            )
+        return room
+    if request.max_tokens > room:
+        raise BackendError(
+            ErrorKind.CONTEXT_LENGTH,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + request.max_tokens} tokens ({prompt_tokens} in the {param}, "
+            f"{request.max_tokens} in the completion). Please reduce the length of the {param} or completion.",
+            param=param,
+        )
+    return request.max_tokens

@@ -1,0 +1,159 @@
+"""``create_app(config)``: builds the fleet, routes and error handling; keeps everything on the app."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.completions import complete
+from gateway.config import GatewayConfig, LoadedConfig
+from gateway.errors import ApiError, model_not_found
+from gateway.fleet import BackendFactory, Fleet, build_backend
+from gateway.metrics import Metrics
+from routing.types import Rules
+
+log = logging.getLogger("enginegate.app")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+@dataclass
+class AppState:
+    config: GatewayConfig
+    fleet: Fleet
+    rules: Rules
+    metrics: Metrics
+    model_names: frozenset[str]
+    started: int
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (the client's ``x-request-id`` if sane) and echoes it on the response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = ""
+        for key, value in scope["headers"]:
+            if key == b"x-request-id":
+                rid = value.decode("latin-1")
+                break
+        if not _REQUEST_ID.match(rid):
+            rid = uuid.uuid4().hex
+        scope["enginegate.request_id"] = rid
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def json_response(doc: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers)
+
+
+def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:
+    config = loaded.config
+    backends = {b.name: backend_factory(b, loaded) for b in config.backends}
+    fleet = Fleet(backends, config.limits.health_interval_s)
+    state = AppState(
+        config=config,
+        fleet=fleet,
+        rules=Rules(max_attempts=config.routing.max_attempts),
+        metrics=Metrics(backends, (m.name for m in config.models)),
+        model_names=frozenset(m.name for m in config.models),
+        started=int(time.time()),
+    )
+
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, state, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await complete(request, state, chat=False)
+
+    def model_doc(name: str) -> dict[str, object]:
+        return {"id": name, "object": "model", "created": state.started, "owned_by": "enginegate"}
+
+    async def list_models(request: Request) -> Response:
+        return json_response({"object": "list", "data": [model_doc(m) for m in sorted(state.model_names)]})
+
+    async def get_model(request: Request) -> Response:
+        name = request.path_params["model"]
+        if name not in state.model_names:
+            raise model_not_found(name)
+        return json_response(model_doc(name))
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        snapshot = fleet.snapshot()
+        doc = {"status": "ready" if fleet.ready else "not_ready", "backends": {b.name: b.healthy for b in snapshot.backends}}
+        return json_response(doc, 200 if fleet.ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return Response(exc.json(), status_code=exc.status, media_type="application/json", headers=exc.headers())
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            err = ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
+        elif exc.status_code == 405:
+            err = ApiError(405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed")
+        else:
+            err = ApiError(exc.status_code, str(exc.detail), type="invalid_request_error")
+        return await api_error(request, err)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc, extra={"request_id": request.scope.get("enginegate.request_id")})
+        err = ApiError(500, "The gateway hit an internal error; the request id identifies it in the logs.",
+                       type="api_error", code="internal_error")
+        return await api_error(request, err)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await fleet.start()
+        try:
+            yield
+        finally:
+            await fleet.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
+        lifespan=lifespan,
+    )
+    app.state.enginegate = state
+    return RequestIdMiddleware(app)

@@ -1,0 +1,208 @@
+"""The gateway's one YAML file: pydantic models, unknown keys rejected, errors with file and line.
+
+``load_config(path)`` is the only way in: it parses YAML keeping each key's
+line, validates, resolves paths relative to the file and checks that model
+files exist, and raises ``ConfigError`` listing every problem as
+``FILE:LINE: key.path: message``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    cache_dir: str | None = None
+    """Where models derived from GGUF files are kept; default: $XDG_CACHE_HOME/enginegate."""
+
+
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=1024, ge=1)
+    max_tokens: int = Field(default=32768, ge=1)
+    """Largest ``max_tokens`` a client may ask for."""
+    health_interval_s: float = Field(default=5.0, gt=0)
+
+
+class ModelConfig(_Strict):
+    name: Name
+    gguf: str | None = None
+    """A llama GGUF file (relative to this config file); the in-process engines load it."""
+    params_b: float | None = Field(default=None, gt=0)
+    context: int | None = Field(default=None, ge=1)
+
+
+class CTranslate2Config(_Strict):
+    name: Name
+    engine: Literal["ctranslate2"]
+    model: Name
+    threads: int = Field(default=1, ge=1, le=256)
+    max_concurrency: int = Field(default=4, ge=1, le=1024)
+    max_queue: int = Field(default=64, ge=0)
+
+
+class LlamaCppConfig(_Strict):
+    name: Name
+    engine: Literal["llama_cpp"]
+    model: Name
+    threads: int = Field(default=1, ge=1, le=256)
+    n_ctx: int | None = Field(default=None, ge=16)
+    max_queue: int = Field(default=64, ge=0)
+
+
+BackendConfig = Annotated[CTranslate2Config | LlamaCppConfig, Field(discriminator="engine")]
+
+
+class RoutingConfig(_Strict):
+    max_attempts: int = Field(default=3, ge=1, le=16)
+    first_token_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class GatewayConfig(_Strict):
+    server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
+    routing: RoutingConfig = RoutingConfig()
+    models: list[ModelConfig] = Field(min_length=1)
+    backends: list[BackendConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> GatewayConfig:
+        errors = []
+        for kind, items in (("models", self.models), ("backends", self.backends)):
+            seen: set[str] = set()
+            for i, item in enumerate(items):
+                if item.name in seen:
+                    errors.append(f"{kind}[{i}].name: duplicate name {item.name!r}")
+                seen.add(item.name)
+        models = {m.name: m for m in self.models}
+        for i, b in enumerate(self.backends):
+            model = models.get(b.model)
+            if model is None:
+                errors.append(f"backends[{i}].model: unknown model {b.model!r} (known: {', '.join(models)})")
+            elif model.gguf is None:
+                errors.append(f"backends[{i}].model: {b.engine} runs in process and needs models[].gguf")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config and the file it came from (relative paths resolve against it)."""
+
+    config: GatewayConfig
+    path: Path
+
+    def resolve(self, relative: str) -> Path:
+        p = Path(os.path.expanduser(relative))
+        return p if p.is_absolute() else (self.path.parent / p).resolve()
+
+    @property
+    def cache_dir(self) -> Path:
+        if self.config.server.cache_dir:
+            return self.resolve(self.config.server.cache_dir)
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "enginegate"
+
+    def model(self, name: str) -> ModelConfig:
+        return next(m for m in self.config.models if m.name == name)
+
+
+class ConfigError(Exception):
+    """The config cannot be used; ``problems`` are ``FILE:LINE: key: message`` lines."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _to_python(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = yaml.safe_load(yaml.serialize(key_node))
+            lines[(*path, key)] = key_node.start_mark.line + 1
+            out[key] = _to_python(value_node, (*path, key), lines)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(v, (*path, i), lines) for i, v in enumerate(node.value)]
+    return yaml.safe_load(yaml.serialize(node))
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _line(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int:
+    while loc and loc not in lines:
+        loc = loc[:-1]
+    return lines.get(loc, 1)
+
+
+def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, dict[tuple[Any, ...], int]]:
+    """Validate YAML text; returns the config and each key path's line number."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise ConfigError([f"{source}:{line}: invalid YAML: {getattr(exc, 'problem', None) or exc}"]) from exc
+    lines: dict[tuple[Any, ...], int] = {}
+    data = _to_python(root, (), lines) if root is not None else None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}:1: the file must be a mapping with models: and backends:"])
+    try:
+        return GatewayConfig.model_validate(data), lines
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            # Tagged unions add the tag as a path element; it is not a key in the file.
+            loc = tuple(p for p in err["loc"] if p not in ("ctranslate2", "llama_cpp"))
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {loc[-1]!r}"
+            elif err["type"] == "union_tag_invalid":
+                loc = (*loc, "engine")
+                ctx = err.get("ctx", {})
+                msg = f"unknown engine {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            elif err["type"] == "value_error":
+                msg = msg.removeprefix("Value error, ")
+            problems.append(f"{source}:{_line(lines, loc)}: {_dotted(loc)}: {msg}")
+        raise ConfigError(problems) from exc
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    config, lines = parse_config(text, str(path))
+    loaded = LoadedConfig(config, path.resolve())
+    problems = []
+    for i, m in enumerate(config.models):
+        if m.gguf is not None and not loaded.resolve(m.gguf).is_file():
+            loc = ("models", i, "gguf")
+            problems.append(f"{path}:{_line(lines, loc)}: {_dotted(loc)}: no such file: {loaded.resolve(m.gguf)}")
+    if problems:
+        raise ConfigError(problems)
+    return loaded

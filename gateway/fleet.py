@@ -1,0 +1,97 @@
+"""The running fleet: backends built from config, and their health and load as last seen.
+
+A poller asks every backend for health and load on an interval (never a
+billed completion); routing reads the last answers as a ``FleetSnapshot``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from backends.base import Backend, Health, Load
+from gateway.config import BackendConfig, ConfigError, CTranslate2Config, LlamaCppConfig, LoadedConfig
+from routing.types import BackendState, FleetSnapshot
+
+log = logging.getLogger("enginegate.fleet")
+
+BackendFactory = Callable[[BackendConfig, LoadedConfig], Backend]
+
+
+def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
+    """The real engines; tests pass their own factory to ``create_app`` for contract fakes."""
+    model = loaded.model(cfg.model)
+    assert model.gguf is not None  # checked by config validation
+    gguf = loaded.resolve(model.gguf)
+    if isinstance(cfg, CTranslate2Config):
+        from backends.ctranslate2_engine import CTranslate2Backend
+
+        return CTranslate2Backend(
+            cfg.name, model.name, gguf, loaded.cache_dir,
+            threads=cfg.threads, max_concurrency=cfg.max_concurrency, max_queue=cfg.max_queue,
+        )
+    if isinstance(cfg, LlamaCppConfig):
+        try:
+            from backends.llamacpp_engine import LlamaCppBackend
+        except ImportError as exc:
+            raise ConfigError([f"{loaded.path}: backend {cfg.name}: llama.cpp is not installed "
+                               f"(pip install 'enginegate[llama]'): {exc}"]) from exc
+        return LlamaCppBackend(cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue)
+    raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])
+
+
+class Fleet:
+    def __init__(self, backends: Mapping[str, Backend], interval_s: float) -> None:
+        self.backends = dict(backends)
+        self._interval = interval_s
+        self._health: dict[str, Health] = {name: Health(ok=False, detail="not polled yet") for name in backends}
+        self._load: dict[str, Load | None] = {name: None for name in backends}
+        self._models = {name: frozenset(b.models()) for name, b in backends.items()}
+        self._task: asyncio.Task[None] | None = None
+
+    def models(self) -> list[str]:
+        return sorted(set().union(*self._models.values()))
+
+    def snapshot(self) -> FleetSnapshot:
+        states = []
+        for name in self.backends:
+            load = self._load[name]
+            states.append(BackendState(
+                name=name,
+                models=self._models[name],
+                healthy=self._health[name].ok,
+                running=load.running if load else 0,
+                waiting=load.waiting if load else 0,
+            ))
+        return FleetSnapshot(tuple(states))
+
+    @property
+    def ready(self) -> bool:
+        return any(h.ok for h in self._health.values())
+
+    async def poll_once(self) -> None:
+        async def one(name: str, backend: Backend) -> None:
+            try:
+                self._health[name] = await asyncio.wait_for(backend.health(), self._interval)
+                self._load[name] = await asyncio.wait_for(backend.load(), self._interval)
+            except Exception as exc:  # a failed probe is an unhealthy backend, not a crash
+                self._health[name] = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
+                log.warning("health probe failed", extra={"backend": name, "error": str(exc)})
+
+        await asyncio.gather(*(one(n, b) for n, b in self.backends.items()))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.poll_once()
+
+    async def start(self) -> None:
+        await self.poll_once()
+        self._task = asyncio.create_task(self._poll_forever(), name="fleet-poller")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*(b.aclose() for b in self.backends.values()), return_exceptions=True)

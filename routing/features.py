@@ -1,0 +1,48 @@
+"""Request features for routing, computed from the validated request without I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from routing.types import RequestFeatures
+
+# Without the model's tokenizer at hand: about four characters per token for English text.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(texts: Iterable[str]) -> int:
+    return sum(len(t) for t in texts) // CHARS_PER_TOKEN + 1
+
+
+class InvalidHeader(ValueError):
+    def __init__(self, name: str, raw: str) -> None:
+        super().__init__(f"Invalid value for header '{name}': {raw!r} is not a positive number of milliseconds.")
+        self.name = name
+
+
+def _header_ms(headers: Mapping[str, str], *names: str) -> float | None:
+    for name in names:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InvalidHeader(name, raw) from None
+        if not 0 < value < float("inf"):
+            raise InvalidHeader(name, raw)
+        return value
+    return None
+
+
+def features(
+    model: str, texts: Iterable[str], max_tokens: int | None, stream: bool, headers: Mapping[str, str]
+) -> RequestFeatures:
+    return RequestFeatures(
+        model=model,
+        prompt_tokens=estimate_tokens(texts),
+        max_tokens=max_tokens,
+        stream=stream,
+        latency_budget_ms=_header_ms(headers, "x-latency-budget-ms"),
+        ttft_budget_ms=_header_ms(headers, "x-ttft-budget-ms", "x-slo-ttft-ms"),
+    )
