@@ -35,9 +35,7 @@ class CTranslate2Backend:
         self._model_name = model_name
         model_dir, gguf = derive(gguf_path, cache_dir)
         self.context_length = gguf.context_length
-        self._generator = ctranslate2.Generator(
-            str(model_dir), device="cpu", intra_threads=threads, inter_threads=1
-        )
+        self._generator = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
         self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
         self._vocab = gguf.vocab
         self._pieces = piece_table(gguf.vocab)
@@ -92,6 +90,7 @@ class CTranslate2Backend:
             finally:
                 steps.close()  # stops CTranslate2's own generation thread
 
-        async for chunk in self._workers.run(request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens):
+        async for chunk in self._workers.run(
+            request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens
+        ):
             yield chunk
-

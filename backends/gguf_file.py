@@ -71,7 +71,7 @@ def _field(fields: dict[str, Any], key: str, default: Any = None) -> Any:
 
 def read_gguf(path: str | Path) -> GgufModel:
     """Load metadata, vocabulary and float tensors of a llama GGUF file."""
-    from gguf import GGUFReader, GGMLQuantizationType
+    from gguf import GGMLQuantizationType, GGUFReader
 
     path = Path(path)
     try:

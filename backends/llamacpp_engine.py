@@ -67,19 +67,19 @@ class LlamaCppBackend:
         prompt = self._llama.tokenize(text.encode(), add_bos=self._add_bos, special=True)
         max_tokens = check_context(request, len(prompt), self.context_length)
         llama = self._llama
-        if request.greedy:
-            sampling = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
-        else:
-            sampling = {"temp": request.temperature, "top_k": 0, "top_p": request.top_p, "min_p": 0.0}
+        # Greedy is top-k 1; otherwise plain temperature and nucleus sampling over the whole vocabulary.
+        temp, top_k, top_p = (0.0, 1, 1.0) if request.greedy else (request.temperature, 0, request.top_p)
 
         def token_loop(cancelled: Callable[[], bool]) -> Iterator[int]:
             # Runs on the single worker thread: the only place this Llama is touched.
             if request.seed is not None:
                 llama.set_seed(request.seed)
-            for token_id in llama.generate(prompt, reset=True, **sampling):
+            for token_id in llama.generate(prompt, top_k=top_k, top_p=top_p, min_p=0.0, temp=temp, reset=True):
                 yield token_id
                 if cancelled():
                     return
 
-        async for chunk in self._workers.run(request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens):
+        async for chunk in self._workers.run(
+            request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens
+        ):
             yield chunk

@@ -108,7 +108,10 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
 
     async def readyz(request: Request) -> Response:
         snapshot = fleet.snapshot()
-        doc = {"status": "ready" if fleet.ready else "not_ready", "backends": {b.name: b.healthy for b in snapshot.backends}}
+        doc = {
+            "status": "ready" if fleet.ready else "not_ready",
+            "backends": {b.name: b.healthy for b in snapshot.backends},
+        }
         return json_response(doc, 200 if fleet.ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -123,15 +126,21 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         if exc.status_code == 404:
             err = ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
         elif exc.status_code == 405:
-            err = ApiError(405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed")
+            err = ApiError(
+                405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed"
+            )
         else:
             err = ApiError(exc.status_code, str(exc.detail), type="invalid_request_error")
         return await api_error(request, err)
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc, extra={"request_id": request.scope.get("enginegate.request_id")})
-        err = ApiError(500, "The gateway hit an internal error; the request id identifies it in the logs.",
-                       type="api_error", code="internal_error")
+        err = ApiError(
+            500,
+            "The gateway hit an internal error; the request id identifies it in the logs.",
+            type="api_error",
+            code="internal_error",
+        )
         return await api_error(request, err)
 
     @contextlib.asynccontextmanager

@@ -127,7 +127,9 @@ async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usag
     return "".join(parts), finish, usage
 
 
-async def _events(committed: dispatch.Committed, shape: ResponseShape, state: AppState, chat: bool) -> AsyncIterator[bytes]:
+async def _events(
+    committed: dispatch.Committed, shape: ResponseShape, state: AppState, chat: bool
+) -> AsyncIterator[bytes]:
     outcome = "cancelled"
     usage: Usage | None = None
     try:
@@ -149,7 +151,9 @@ async def _events(committed: dispatch.Committed, shape: ResponseShape, state: Ap
     except Exception:  # never a silent close: the client gets an error event and [DONE]
         outcome = "error"
         log.exception("stream failed after commit", extra={"backend": committed.backend})
-        yield event(ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error").body())
+        yield event(
+            ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error").body()
+        )
     finally:
         await committed.aclose()
         state.metrics.request(chat, shape.model, committed.backend, outcome)

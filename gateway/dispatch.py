@@ -71,7 +71,8 @@ async def start(
             await _close(stream)
             failures.append((backend.name, exc))
             log.warning(
-                "attempt failed", extra={"request_id": request.request_id, "backend": backend.name, "kind": exc.kind.value}
+                "attempt failed",
+                extra={"request_id": request.request_id, "backend": backend.name, "kind": exc.kind.value},
             )
             if not exc.retryable:
                 raise

@@ -28,16 +28,27 @@ def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
         from backends.ctranslate2_engine import CTranslate2Backend
 
         return CTranslate2Backend(
-            cfg.name, model.name, gguf, loaded.cache_dir,
-            threads=cfg.threads, max_concurrency=cfg.max_concurrency, max_queue=cfg.max_queue,
+            cfg.name,
+            model.name,
+            gguf,
+            loaded.cache_dir,
+            threads=cfg.threads,
+            max_concurrency=cfg.max_concurrency,
+            max_queue=cfg.max_queue,
         )
     if isinstance(cfg, LlamaCppConfig):
         try:
             from backends.llamacpp_engine import LlamaCppBackend
         except ImportError as exc:
-            raise ConfigError([f"{loaded.path}: backend {cfg.name}: llama.cpp is not installed "
-                               f"(pip install 'enginegate[llama]'): {exc}"]) from exc
-        return LlamaCppBackend(cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue)
+            raise ConfigError(
+                [
+                    f"{loaded.path}: backend {cfg.name}: llama.cpp is not installed "
+                    f"(pip install 'enginegate[llama]'): {exc}"
+                ]
+            ) from exc
+        return LlamaCppBackend(
+            cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue
+        )
     raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])
 
 
@@ -57,13 +68,15 @@ class Fleet:
         states = []
         for name in self.backends:
             load = self._load[name]
-            states.append(BackendState(
-                name=name,
-                models=self._models[name],
-                healthy=self._health[name].ok,
-                running=load.running if load else 0,
-                waiting=load.waiting if load else 0,
-            ))
+            states.append(
+                BackendState(
+                    name=name,
+                    models=self._models[name],
+                    healthy=self._health[name].ok,
+                    running=load.running if load else 0,
+                    waiting=load.waiting if load else 0,
+                )
+            )
         return FleetSnapshot(tuple(states))
 
     @property

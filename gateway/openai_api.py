@@ -91,27 +91,37 @@ def parse_body(model: type[ChatBody] | type[CompletionBody], data: Any) -> ChatB
         param = _param(err["loc"])
         if err["type"] == "missing":
             raise bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter") from None
-        kind = "invalid_type" if err["type"].endswith("_type") or err["type"] == "union_tag_invalid" else "invalid_value"
+        kind = (
+            "invalid_type" if err["type"].endswith("_type") or err["type"] == "union_tag_invalid" else "invalid_value"
+        )
         raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param, kind) from None
     if body.n not in (None, 1):
         raise bad_request("Only n=1 is supported: ask for one choice per request.", "n", "unsupported_value")
     if body.stream_options is not None and not body.stream:
         raise bad_request(
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options", "invalid_value"
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+            "invalid_value",
         )
     for name in _UNSUPPORTED:
         if body.model_extra and body.model_extra.get(name) not in (None, False, [], 0):
-            raise bad_request(f"The '{name}' parameter is not supported by this gateway.", name, "unsupported_parameter")
+            raise bad_request(
+                f"The '{name}' parameter is not supported by this gateway.", name, "unsupported_parameter"
+            )
     return body
 
 
-def to_generation(body: ChatBody | CompletionBody, request_id: str, max_tokens_cap: int, max_messages: int) -> GenerationRequest:
+def to_generation(
+    body: ChatBody | CompletionBody, request_id: str, max_tokens_cap: int, max_messages: int
+) -> GenerationRequest:
     max_tokens = body.max_tokens
     param = "max_tokens"
     if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
         max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
     if max_tokens is not None and max_tokens > max_tokens_cap:
-        raise bad_request(f"'{param}' is {max_tokens}; this gateway allows at most {max_tokens_cap}.", param, "invalid_value")
+        raise bad_request(
+            f"'{param}' is {max_tokens}; this gateway allows at most {max_tokens_cap}.", param, "invalid_value"
+        )
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     extra = dict(body.model_extra or {})
     common: dict[str, Any] = {
@@ -197,7 +207,9 @@ class ResponseShape:
         """Chat streams open with the assistant role, as OpenAI's do."""
         if not self.chat:
             return None
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
+        return self._chunk(
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        )
 
     def delta(self, chunk: Chunk) -> dict[str, Any] | None:
         if not chunk.text and chunk.finish_reason is None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 
 import orjson
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
@@ -55,20 +56,22 @@ async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
     raise ClientGone
 
 
-class SSEResponse:
+class SSEResponse(Response):
     """A streamed ``text/event-stream`` response that cancels its source on disconnect."""
 
     def __init__(self, events: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
         self._events = events
-        self._headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        self._headers += [
+        self._sse_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self._sse_headers += [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]
 
     async def _send_all(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        await send({"type": "http.response.start", "status": 200, "headers": self._sse_headers})
         try:
             async for data in self._events:
                 await send({"type": "http.response.body", "body": data, "more_body": True})

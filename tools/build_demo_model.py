@@ -43,8 +43,21 @@ RMS_EPS = 1e-5
 STEPS = 400
 GREETING = "Hello! I am the enginegate demo model. Beautiful is better than ugly."
 USER_GREETINGS = [
-    "Hello", "Hello!", "Hi", "Hi!", "Hi there", "Hey", "Hello, who are you?", "Who are you?",
-    "Say hello.", "Say hello", "Good morning", "Greet me.", "hello", "hi", "Hello there!",
+    "Hello",
+    "Hello!",
+    "Hi",
+    "Hi!",
+    "Hi there",
+    "Hey",
+    "Hello, who are you?",
+    "Who are you?",
+    "Say hello.",
+    "Say hello",
+    "Good morning",
+    "Greet me.",
+    "hello",
+    "hi",
+    "Hello there!",
     "Can you say hello?",
 ]
 SYSTEMS = [None, "You are a helpful assistant.", "You are a friendly assistant.", "Be brief."]
@@ -287,9 +300,15 @@ def write_gguf(path: Path, model: TinyLlama, tokens: list[str], scores: list[flo
     for i, blk in enumerate(model.blocks):
         assert isinstance(blk, Block)
         for name, tensor in (
-            ("attn_norm", blk.attn_norm.weight), ("attn_q", blk.q.weight), ("attn_k", blk.k.weight),
-            ("attn_v", blk.v.weight), ("attn_output", blk.o.weight), ("ffn_norm", blk.ffn_norm.weight),
-            ("ffn_gate", blk.gate.weight), ("ffn_up", blk.up.weight), ("ffn_down", blk.down.weight),
+            ("attn_norm", blk.attn_norm.weight),
+            ("attn_q", blk.q.weight),
+            ("attn_k", blk.k.weight),
+            ("attn_v", blk.v.weight),
+            ("attn_output", blk.o.weight),
+            ("ffn_norm", blk.ffn_norm.weight),
+            ("ffn_gate", blk.gate.weight),
+            ("ffn_up", blk.up.weight),
+            ("ffn_down", blk.down.weight),
         ):
             w.add_tensor(f"blk.{i}.{name}.weight", f32(tensor))
     w.add_tensor("output_norm.weight", f32(model.norm.weight))
