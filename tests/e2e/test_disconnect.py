@@ -26,7 +26,12 @@ def test_disconnect_mid_stream_stops_generation(gateway: GatewayProcess, model: 
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0)
     before = engine_tokens(gateway, backend)
     stream = client.completions.create(
-        model=model, prompt="The Zen", max_tokens=MAX_TOKENS, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        model=model,
+        prompt="The Zen",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     received = 0
     for _ in stream:

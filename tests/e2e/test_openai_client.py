@@ -177,7 +177,9 @@ def test_malformed_json_and_wrong_types_get_clear_errors_and_server_keeps_servin
     missing = httpx.post(url, json={"model": "enginegate-demo"}, timeout=10)
     assert missing.json()["error"]["code"] == "missing_required_parameter"
     assert missing.json()["error"]["param"] == "messages"
-    bad_header = httpx.post(url, json={"model": "enginegate-demo", "messages": HELLO}, headers={"x-ttft-budget-ms": "soon"})
+    bad_header = httpx.post(
+        url, json={"model": "enginegate-demo", "messages": HELLO}, headers={"x-ttft-budget-ms": "soon"}
+    )
     assert bad_header.status_code == 400 and bad_header.json()["error"]["param"] == "x-ttft-budget-ms"
     unknown_route = httpx.get(f"{gateway.base_url}/v1/nothing", timeout=10)
     assert unknown_route.status_code == 404 and "error" in unknown_route.json()

@@ -1,0 +1,125 @@
+"""Dispatch through a real server: failover before the first token, error events after it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from backends.base import BackendError, ErrorKind
+from gateway.app import create_app
+from gateway.config import load_config
+from tests.conftest import write_config
+from tests.fakes import CONNECT_ERROR, UPSTREAM_ERROR, ScriptedBackend, factory, serve_in_thread
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture()
+def fleet(tmp_path: Path) -> Iterator[tuple[str, ScriptedBackend, ScriptedBackend]]:
+    """Two backends for model m, tried in order a then b; tests script their failures first."""
+    a, b = ScriptedBackend("a", "m", words=["from", " a"]), ScriptedBackend("b", "m", words=["from", " b"])
+    config = write_config(
+        tmp_path / "c.yaml",
+        """
+routing: {first_token_timeout_s: 0.5}
+limits: {health_interval_s: 0.2}
+models: [{name: m, gguf: "{GGUF}"}]
+backends:
+  - {name: a, engine: ctranslate2, model: m}
+  - {name: b, engine: ctranslate2, model: m}
+""",
+    )
+    app = create_app(load_config(config), factory({"a": a, "b": b}))
+    with serve_in_thread(app) as base:
+        yield base, a, b
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=10)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_failure_before_first_token_moves_to_next_backend(fleet, stream: bool) -> None:  # type: ignore[no-untyped-def]
+    base, a, b = fleet
+    a.fail_with, a.fail_after = CONNECT_ERROR, 0
+    raw = client(base).chat.completions.with_raw_response.create(model="m", messages=HELLO, stream=stream)
+    assert raw.headers["x-enginegate-backend"] == "b"
+    parsed = raw.parse()
+    text = "".join(c.choices[0].delta.content or "" for c in parsed) if stream else parsed.choices[0].message.content
+    assert text == "from b"
+    assert (a.calls, b.calls) == (1, 1)
+    assert a.closed_streams == 1
+
+
+def test_slow_first_token_times_out_to_next_backend(fleet) -> None:  # type: ignore[no-untyped-def]
+    base, a, b = fleet
+    a.first_delay = 5.0
+    resp = client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    assert resp.choices[0].message.content == "from b"
+    assert a.closed_streams == 1
+
+
+def test_non_retryable_error_is_not_retried(fleet) -> None:  # type: ignore[no-untyped-def]
+    base, a, b = fleet
+    a.fail_with = BackendError(ErrorKind.BAD_REQUEST, "top_p must be < 1", param="top_p")
+    with pytest.raises(openai.BadRequestError) as info:
+        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    assert info.value.param == "top_p"  # type: ignore[attr-defined]
+    assert b.calls == 0
+
+
+def test_failure_after_first_token_ends_stream_with_error_event_and_done(fleet) -> None:  # type: ignore[no-untyped-def]
+    base, a, b = fleet
+    a.fail_with, a.fail_after = UPSTREAM_ERROR, 1
+    stream = client(base).chat.completions.create(model="m", messages=HELLO, stream=True)  # type: ignore[arg-type]
+    seen = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in stream:
+            seen.append(chunk.choices[0].delta.content or "")
+    assert "".join(seen) == "from"
+    assert "engine crashed" in info.value.message
+    assert b.calls == 0, "after the commit point nothing is retried"
+    raw = httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": HELLO, "stream": True})
+    events = [line for line in raw.text.split("\n\n") if line]
+    assert events[-2].startswith('data: {"error":')
+    assert events[-1] == "data: [DONE]"
+    assert a.closed_streams == 2
+
+
+def test_failure_after_first_token_non_streaming_is_a_bad_gateway(fleet) -> None:  # type: ignore[no-untyped-def]
+    base, a, b = fleet
+    a.fail_with, a.fail_after = UPSTREAM_ERROR, 1
+    with pytest.raises(openai.InternalServerError) as info:
+        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    assert info.value.status_code == 502
+    assert b.calls == 0
+
+
+def test_all_overloaded_is_rate_limited_with_retry_after(fleet) -> None:  # type: ignore[no-untyped-def]
+    base, a, b = fleet
+    a.fail_with = b.fail_with = BackendError(ErrorKind.OVERLOADED, "queue full", retry_after=2.5)
+    with pytest.raises(openai.RateLimitError) as info:
+        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    assert info.value.response.headers["retry-after"] == "3"
+    assert (a.calls, b.calls) == (1, 1)
+
+
+def test_unhealthy_backends_are_skipped_and_none_healthy_is_503(fleet) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    base, a, b = fleet
+    a.healthy = False
+    time.sleep(0.6)  # the health poller runs every 0.2 s
+    resp = client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    assert resp.choices[0].message.content == "from b" and a.calls == 0
+    b.healthy = False
+    time.sleep(0.6)
+    with pytest.raises(openai.InternalServerError) as info:
+        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    assert info.value.status_code == 503
+    assert info.value.code == "no_backend_available"
+    assert httpx.get(f"{base}/readyz").status_code == 503

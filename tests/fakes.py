@@ -1,0 +1,84 @@
+"""Scripted backends for dispatch tests: they fail where and how a test says.
+
+They are not engine contract fakes (those reproduce an engine's wire format);
+they exercise the gateway's own failover and error paths through the Backend
+protocol, in a real uvicorn server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Health, Load, Usage
+from gateway.config import BackendConfig, LoadedConfig
+from tests.conftest import free_port, wait_ready
+
+
+@dataclass
+class ScriptedBackend:
+    """Streams ``words``; raises ``fail_with`` after ``fail_after`` words (0: before any)."""
+
+    name: str
+    model: str
+    words: list[str] = field(default_factory=lambda: ["fine", " answer"])
+    fail_with: BackendError | None = None
+    fail_after: int = 0
+    healthy: bool = True
+    first_delay: float = 0.0
+    calls: int = 0
+    closed_streams: int = 0
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        self.calls += 1
+        try:
+            await asyncio.sleep(self.first_delay)
+            for i, word in enumerate(self.words):
+                if self.fail_with is not None and i == self.fail_after:
+                    raise self.fail_with
+                await asyncio.sleep(0)
+                yield Chunk(text=word)
+            yield Chunk(finish_reason="stop", usage=Usage(3, len(self.words)))
+        finally:
+            self.closed_streams += 1
+
+    async def health(self) -> Health:
+        return Health(ok=self.healthy)
+
+    async def load(self) -> Load | None:
+        return Load(running=0, waiting=0)
+
+    def models(self) -> list[str]:
+        return [self.model]
+
+    async def aclose(self) -> None:
+        return None
+
+
+def factory(backends: dict[str, Backend]) -> Callable[[BackendConfig, LoadedConfig], Backend]:
+    return lambda cfg, loaded: backends[cfg.name]
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: object) -> Iterator[str]:
+    """A real uvicorn server on a free port, in a thread of this process (so tests can hold fakes)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, timeout=20)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+CONNECT_ERROR = BackendError(ErrorKind.CONNECT, "connection refused")
+UPSTREAM_ERROR = BackendError(ErrorKind.UPSTREAM, "engine crashed")

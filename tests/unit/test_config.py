@@ -1,0 +1,78 @@
+"""Config validation: unknown keys rejected, every error names file, line and key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config, parse_config
+from tests.conftest import ROOT, write_config
+
+GOOD = """
+models:
+  - name: m
+    gguf: "{GGUF}"
+backends:
+  - name: b
+    engine: ctranslate2
+    model: m
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "f.yaml")
+    return info.value.problems
+
+
+def test_embedded_default_is_valid() -> None:
+    loaded = load_config(ROOT / "configs" / "default.yaml")
+    assert [b.engine for b in loaded.config.backends] == ["ctranslate2"]
+    assert loaded.resolve(loaded.config.models[0].gguf or "").is_file()
+
+
+def test_unknown_key_names_file_line_and_key() -> None:
+    text = GOOD.replace("    engine: ctranslate2\n", "    engine: ctranslate2\n    thread: 2\n")
+    assert problems(text) == ["f.yaml:8: backends[0].thread: unknown key 'thread'"]
+
+
+def test_wrong_type_and_unknown_engine_are_reported_together() -> None:
+    text = GOOD.replace("    gguf:", "    params_b: big\n    gguf:").replace("engine: ctranslate2", "engine: vllm-ish")
+    found = problems(text)
+    assert "f.yaml:4: models[0].params_b: Input should be a valid number" in found
+    assert any(p.startswith("f.yaml:8: backends[0].engine: unknown engine 'vllm-ish'") for p in found)
+
+
+def test_reference_to_unknown_model_and_duplicates() -> None:
+    text = GOOD.replace("model: m", "model: nope") + "  - {name: b, engine: llama_cpp, model: m}\n"
+    (found,) = problems(text)
+    assert "backends[1].name: duplicate name 'b'" in found
+    assert "backends[0].model: unknown model 'nope'" in found
+
+
+def test_yaml_syntax_error_has_a_line() -> None:
+    assert problems("models:\n  - name: [unclosed\n")[0].startswith("f.yaml:3: invalid YAML")
+
+
+def test_missing_model_file_is_reported_with_its_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", GOOD.replace('"{GGUF}"', "missing.gguf"))
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.problems[0].startswith(f"{config}:4: models[0].gguf: no such file")
+
+
+def run_check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "config", "check", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_config_check_command_exit_codes(tmp_path: Path) -> None:
+    ok = run_check(write_config(tmp_path / "ok.yaml", GOOD))
+    assert ok.returncode == 0, ok.stderr
+    bad = run_check(write_config(tmp_path / "bad.yaml", GOOD + "colour: red\n"))
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == f"{tmp_path / 'bad.yaml'}:9: colour: unknown key 'colour'"
