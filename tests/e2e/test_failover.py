@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from backends.base import BackendError, ErrorKind
 from gateway.app import create_app
@@ -15,11 +16,12 @@ from gateway.config import load_config
 from tests.conftest import write_config
 from tests.fakes import CONNECT_ERROR, UPSTREAM_ERROR, ScriptedBackend, factory, serve_in_thread
 
-HELLO = [{"role": "user", "content": "Hello"}]
+Fleet = tuple[str, ScriptedBackend, ScriptedBackend]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture()
-def fleet(tmp_path: Path) -> Iterator[tuple[str, ScriptedBackend, ScriptedBackend]]:
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
     """Two backends for model m, tried in order a then b; tests script their failures first."""
     a, b = ScriptedBackend("a", "m", words=["from", " a"]), ScriptedBackend("b", "m", words=["from", " b"])
     config = write_config(
@@ -43,39 +45,42 @@ def client(base: str) -> openai.OpenAI:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_failure_before_first_token_moves_to_next_backend(fleet, stream: bool) -> None:  # type: ignore[no-untyped-def]
+def test_failure_before_first_token_moves_to_next_backend(fleet: Fleet, stream: bool) -> None:
     base, a, b = fleet
     a.fail_with, a.fail_after = CONNECT_ERROR, 0
     raw = client(base).chat.completions.with_raw_response.create(model="m", messages=HELLO, stream=stream)
     assert raw.headers["x-enginegate-backend"] == "b"
     parsed = raw.parse()
-    text = "".join(c.choices[0].delta.content or "" for c in parsed) if stream else parsed.choices[0].message.content
+    if isinstance(parsed, openai.Stream):
+        text = "".join(c.choices[0].delta.content or "" for c in parsed)
+    else:
+        text = parsed.choices[0].message.content or ""
     assert text == "from b"
     assert (a.calls, b.calls) == (1, 1)
     assert a.closed_streams == 1
 
 
-def test_slow_first_token_times_out_to_next_backend(fleet) -> None:  # type: ignore[no-untyped-def]
-    base, a, b = fleet
+def test_slow_first_token_times_out_to_next_backend(fleet: Fleet) -> None:
+    base, a, _ = fleet
     a.first_delay = 5.0
-    resp = client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    resp = client(base).chat.completions.create(model="m", messages=HELLO)
     assert resp.choices[0].message.content == "from b"
     assert a.closed_streams == 1
 
 
-def test_non_retryable_error_is_not_retried(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_non_retryable_error_is_not_retried(fleet: Fleet) -> None:
     base, a, b = fleet
     a.fail_with = BackendError(ErrorKind.BAD_REQUEST, "top_p must be < 1", param="top_p")
     with pytest.raises(openai.BadRequestError) as info:
-        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
-    assert info.value.param == "top_p"  # type: ignore[attr-defined]
+        client(base).chat.completions.create(model="m", messages=HELLO)
+    assert info.value.param == "top_p"
     assert b.calls == 0
 
 
-def test_failure_after_first_token_ends_stream_with_error_event_and_done(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_failure_after_first_token_ends_stream_with_error_event_and_done(fleet: Fleet) -> None:
     base, a, b = fleet
     a.fail_with, a.fail_after = UPSTREAM_ERROR, 1
-    stream = client(base).chat.completions.create(model="m", messages=HELLO, stream=True)  # type: ignore[arg-type]
+    stream = client(base).chat.completions.create(model="m", messages=HELLO, stream=True)
     seen = []
     with pytest.raises(openai.APIError) as info:
         for chunk in stream:
@@ -90,36 +95,36 @@ def test_failure_after_first_token_ends_stream_with_error_event_and_done(fleet) 
     assert a.closed_streams == 2
 
 
-def test_failure_after_first_token_non_streaming_is_a_bad_gateway(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_failure_after_first_token_non_streaming_is_a_bad_gateway(fleet: Fleet) -> None:
     base, a, b = fleet
     a.fail_with, a.fail_after = UPSTREAM_ERROR, 1
     with pytest.raises(openai.InternalServerError) as info:
-        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+        client(base).chat.completions.create(model="m", messages=HELLO)
     assert info.value.status_code == 502
     assert b.calls == 0
 
 
-def test_all_overloaded_is_rate_limited_with_retry_after(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_all_overloaded_is_rate_limited_with_retry_after(fleet: Fleet) -> None:
     base, a, b = fleet
     a.fail_with = b.fail_with = BackendError(ErrorKind.OVERLOADED, "queue full", retry_after=2.5)
     with pytest.raises(openai.RateLimitError) as info:
-        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+        client(base).chat.completions.create(model="m", messages=HELLO)
     assert info.value.response.headers["retry-after"] == "3"
     assert (a.calls, b.calls) == (1, 1)
 
 
-def test_unhealthy_backends_are_skipped_and_none_healthy_is_503(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_unhealthy_backends_are_skipped_and_none_healthy_is_503(fleet: Fleet) -> None:
     import time
 
     base, a, b = fleet
     a.healthy = False
     time.sleep(0.6)  # the health poller runs every 0.2 s
-    resp = client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+    resp = client(base).chat.completions.create(model="m", messages=HELLO)
     assert resp.choices[0].message.content == "from b" and a.calls == 0
     b.healthy = False
     time.sleep(0.6)
     with pytest.raises(openai.InternalServerError) as info:
-        client(base).chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+        client(base).chat.completions.create(model="m", messages=HELLO)
     assert info.value.status_code == 503
     assert info.value.code == "no_backend_available"
     assert httpx.get(f"{base}/readyz").status_code == 503

@@ -5,10 +5,11 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT, GatewayProcess
 
-HELLO = [{"role": "user", "content": "Hello"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture()
@@ -17,7 +18,7 @@ def client(gateway: GatewayProcess) -> openai.OpenAI:
 
 
 def test_chat_non_streaming_returns_the_known_greeting(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model="enginegate-demo", messages=HELLO, temperature=0)  # type: ignore[arg-type]
+    resp = client.chat.completions.create(model="enginegate-demo", messages=HELLO, temperature=0)
     assert resp.object == "chat.completion"
     assert resp.model == "enginegate-demo"
     assert resp.choices[0].message.role == "assistant"
@@ -32,7 +33,7 @@ def test_chat_non_streaming_returns_the_known_greeting(client: openai.OpenAI) ->
 def test_chat_streaming_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model="enginegate-demo",
-        messages=HELLO,  # type: ignore[arg-type]
+        messages=HELLO,
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
@@ -53,7 +54,7 @@ def test_chat_streaming_without_usage_sends_none(client: openai.OpenAI) -> None:
     chunks = list(
         client.chat.completions.create(
             model="enginegate-demo",
-            messages=HELLO,  # type: ignore[arg-type]
+            messages=HELLO,
             temperature=0,
             stream=True,
         )
@@ -65,7 +66,7 @@ def test_chat_streaming_without_usage_sends_none(client: openai.OpenAI) -> None:
 def test_max_tokens_reached_is_finish_length(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
         model="enginegate-demo",
-        messages=HELLO,  # type: ignore[arg-type]
+        messages=HELLO,
         temperature=0,
         max_completion_tokens=5,
     )
@@ -113,7 +114,7 @@ def test_model_list_and_lookup(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(("model", "backend"), [("demo-ct2", "ct2-only"), ("demo-llama", "llama-only")])
 def test_both_engines_give_the_same_greedy_answer(client: openai.OpenAI, model: str, backend: str) -> None:
-    raw = client.chat.completions.with_raw_response.create(model=model, messages=HELLO, temperature=0)  # type: ignore[arg-type]
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=HELLO, temperature=0)
     assert raw.headers["x-enginegate-backend"] == backend
     assert raw.headers["x-enginegate-route"] == "first_healthy"
     assert raw.headers["x-request-id"]
@@ -124,9 +125,9 @@ def test_both_engines_give_the_same_greedy_answer(client: openai.OpenAI, model: 
 
 def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        client.chat.completions.create(model="gpt-9", messages=HELLO)  # type: ignore[arg-type]
+        client.chat.completions.create(model="gpt-9", messages=HELLO)
     assert info.value.code == "model_not_found"
-    assert info.value.param == "model"  # type: ignore[attr-defined]
+    assert info.value.param == "model"
 
 
 @pytest.mark.parametrize(
@@ -146,8 +147,8 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
 def test_bad_parameters_raise_bad_request(client: openai.OpenAI, kwargs: dict[str, object], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="enginegate-demo", messages=HELLO, **kwargs)  # type: ignore[call-overload]
-    assert info.value.param == param  # type: ignore[attr-defined]
-    assert info.value.type == "invalid_request_error"  # type: ignore[attr-defined]
+    assert info.value.param == param
+    assert info.value.type == "invalid_request_error"
 
 
 def test_prompt_longer_than_context_is_context_length_exceeded(client: openai.OpenAI) -> None:
@@ -186,7 +187,7 @@ def test_malformed_json_and_wrong_types_get_clear_errors_and_server_keeps_servin
     wrong_method = httpx.get(url, timeout=10)
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
     assert gateway.alive()
-    resp = client.chat.completions.create(model="enginegate-demo", messages=HELLO, temperature=0)  # type: ignore[arg-type]
+    resp = client.chat.completions.create(model="enginegate-demo", messages=HELLO, temperature=0)
     assert resp.choices[0].message.content == GREETING_REPLY
 
 
