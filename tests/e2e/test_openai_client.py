@@ -197,3 +197,19 @@ def test_request_id_is_echoed(gateway: GatewayProcess) -> None:
     assert httpx.get(f"{gateway.base_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{gateway.base_url}/readyz")
     assert ready.status_code == 200 and all(ready.json()["backends"].values())
+
+
+def test_oversized_body_is_413_and_concurrent_requests_all_answer(gateway: GatewayProcess) -> None:
+    import concurrent.futures
+
+    url = f"{gateway.base_url}/v1/completions"
+    big = httpx.post(url, json={"model": "enginegate-demo", "prompt": "x" * (5 * 1024 * 1024)}, timeout=30)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+
+    def ask(_: int) -> str:
+        r = httpx.post(url, json={"model": "enginegate-demo", "prompt": ZEN_PROMPT, "max_tokens": 40, "temperature": 0})
+        return str(r.json()["choices"][0]["text"])
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(16)))
+    assert all(a.startswith(ZEN_CONTINUATION) for a in answers)

@@ -59,3 +59,40 @@ def test_context_room() -> None:
     assert not info.value.retryable
     with pytest.raises(BackendError):
         check_context(req(None), 100, 100)
+
+
+def test_full_queue_is_overloaded_and_slots_are_released() -> None:
+    import asyncio
+    import threading
+    from collections.abc import Callable, Iterator
+
+    from backends.inproc import ThreadedGeneration
+
+    gate = threading.Event()
+
+    def slow_loop(cancelled: Callable[[], bool]) -> Iterator[int]:
+        while not gate.is_set() and not cancelled():
+            gate.wait(0.01)
+        yield 0
+
+    async def scenario() -> None:
+        workers = ThreadedGeneration("t", slots=1, max_queue=0)
+        request = GenerationRequest("r", "m", max_tokens=1, prompt="x")
+
+        async def consume() -> list[str]:
+            return [c.text async for c in workers.run(request, slow_loop, 1, [b"a"], frozenset(), 1)]
+
+        first = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        assert workers.running == 1
+        with pytest.raises(BackendError) as info:
+            await consume()
+        assert info.value.kind is ErrorKind.OVERLOADED and info.value.retryable
+        gate.set()
+        assert "".join(await first) == "a"
+        await asyncio.sleep(0.05)
+        assert workers.running == 0
+        assert "".join(await consume()) == "a"
+        workers.shutdown()
+
+    asyncio.run(scenario())
