@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from backends.base import Chunk, GenerationRequest, Health, Load
+from backends.base import Chunk, GenerationRequest, Health
 from backends.ct2_convert import TOKENIZER_FILE, derive
-from backends.inproc import ChatRenderer, ThreadedGeneration, check_context, piece_table
+from backends.inproc import InProcessEngine
 
 
-class CTranslate2Backend:
+class CTranslate2Backend(InProcessEngine):
     def __init__(
         self,
         name: str,
@@ -31,45 +31,24 @@ class CTranslate2Backend:
         import ctranslate2
         from tokenizers import Tokenizer
 
-        self.name = name
-        self._model_name = model_name
         model_dir, gguf = derive(gguf_path, cache_dir)
-        self.context_length = gguf.context_length
+        super().__init__(name, model_name, gguf.vocab, gguf.context_length, max_concurrency, max_queue)
         self._generator = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
         self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
-        self._vocab = gguf.vocab
-        self._pieces = piece_table(gguf.vocab)
-        self._stop_ids = frozenset(gguf.vocab.stop_ids)
-        self._chat = ChatRenderer(gguf.vocab.chat_template)
-        self._workers = ThreadedGeneration(name, max_concurrency, max_queue)
-
-    @property
-    def generated_tokens(self) -> int:
-        return self._workers.generated_tokens
-
-    def models(self) -> list[str]:
-        return [self._model_name]
 
     async def health(self) -> Health:
         return Health(ok=self._generator.model_is_loaded)
 
-    async def load(self) -> Load | None:
-        return Load(running=self._workers.running, waiting=self._workers.waiting)
-
-    async def aclose(self) -> None:
-        self._workers.shutdown()
-
     def _prompt_tokens(self, request: GenerationRequest) -> list[str]:
-        text = self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
-        tokens: list[str] = self._tokenizer.encode(text, add_special_tokens=False).tokens
+        tokens: list[str] = self._tokenizer.encode(self.prompt_text(request), add_special_tokens=False).tokens
         if self._vocab.add_bos and self._vocab.bos_id is not None:
             tokens.insert(0, self._vocab.tokens[self._vocab.bos_id])
         return tokens
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = self._prompt_tokens(request)
-        max_tokens = check_context(request, len(prompt), self.context_length)
-        options: dict[str, object] = {"max_length": max_tokens, "end_token": []}
+        # End tokens are handled by the shared token loop (it honours ignore_eos), not by CTranslate2.
+        options: dict[str, object] = {"max_length": request.max_tokens or self.context_length, "end_token": []}
         if request.greedy:
             options["sampling_topk"] = 1
         else:
@@ -90,7 +69,5 @@ class CTranslate2Backend:
             finally:
                 steps.close()  # stops CTranslate2's own generation thread
 
-        async for chunk in self._workers.run(
-            request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens
-        ):
+        async for chunk in self.stream(request, len(prompt), token_loop):
             yield chunk

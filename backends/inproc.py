@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, Usage
 from backends.gguf_file import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
 
 SPACE = "\u2581"
@@ -210,3 +210,46 @@ def check_context(request: GenerationRequest, prompt_tokens: int, context: int) 
             param=param,
         )
     return request.max_tokens
+
+
+class InProcessEngine:
+    """What both in-process backends share: one GGUF vocabulary, its chat template, a worker pool.
+
+    Subclasses tokenize, build the engine's token loop and implement ``health``
+    and ``generate``; text assembly, concurrency and cancellation live here.
+    """
+
+    def __init__(
+        self, name: str, model_name: str, vocab: Vocabulary, context_length: int, slots: int, max_queue: int
+    ) -> None:
+        self.name = name
+        self.context_length = context_length
+        self._model_name = model_name
+        self._vocab = vocab
+        self._pieces = piece_table(vocab)
+        self._stop_ids = frozenset(vocab.stop_ids)
+        self._chat = ChatRenderer(vocab.chat_template)
+        self._workers = ThreadedGeneration(name, slots, max_queue)
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._workers.generated_tokens
+
+    def models(self) -> list[str]:
+        return [self._model_name]
+
+    async def load(self) -> Load | None:
+        return Load(running=self._workers.running, waiting=self._workers.waiting)
+
+    async def aclose(self) -> None:
+        self._workers.shutdown()
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        return self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
+
+    def stream(
+        self, request: GenerationRequest, prompt_tokens: int, token_loop: Callable[[Callable[[], bool]], Iterable[int]]
+    ) -> AsyncIterator[Chunk]:
+        """Checks the context room, then streams what ``token_loop`` generates on a worker thread."""
+        max_tokens = check_context(request, prompt_tokens, self.context_length)
+        return self._workers.run(request, token_loop, prompt_tokens, self._pieces, self._stop_ids, max_tokens)

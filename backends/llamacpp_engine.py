@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from backends.base import Chunk, GenerationRequest, Health, Load
+from backends.base import Chunk, GenerationRequest, Health
 from backends.gguf_file import read_gguf
-from backends.inproc import ChatRenderer, ThreadedGeneration, check_context, piece_table
+from backends.inproc import InProcessEngine
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(InProcessEngine):
     def __init__(
         self,
         name: str,
@@ -29,43 +29,17 @@ class LlamaCppBackend:
     ) -> None:
         from llama_cpp import Llama
 
-        self.name = name
-        self._model_name = model_name
         gguf = read_gguf(gguf_path)
-        self.context_length = min(n_ctx or gguf.context_length, gguf.context_length)
-        self._llama = Llama(
-            str(gguf_path),
-            n_ctx=self.context_length,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-        )
-        self._add_bos = gguf.vocab.add_bos
-        self._pieces = piece_table(gguf.vocab)
-        self._stop_ids = frozenset(gguf.vocab.stop_ids)
-        self._chat = ChatRenderer(gguf.vocab.chat_template)
-        self._workers = ThreadedGeneration(name, 1, max_queue)
-
-    @property
-    def generated_tokens(self) -> int:
-        return self._workers.generated_tokens
-
-    def models(self) -> list[str]:
-        return [self._model_name]
+        context = min(n_ctx or gguf.context_length, gguf.context_length)
+        super().__init__(name, model_name, gguf.vocab, context, 1, max_queue)
+        self._llama = Llama(str(gguf_path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
 
     async def health(self) -> Health:
         return Health(ok=True)
 
-    async def load(self) -> Load | None:
-        return Load(running=self._workers.running, waiting=self._workers.waiting)
-
-    async def aclose(self) -> None:
-        self._workers.shutdown()
-
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        text = self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
-        prompt = self._llama.tokenize(text.encode(), add_bos=self._add_bos, special=True)
-        max_tokens = check_context(request, len(prompt), self.context_length)
+        text = self.prompt_text(request)
+        prompt = self._llama.tokenize(text.encode(), add_bos=self._vocab.add_bos, special=True)
         llama = self._llama
         # Greedy is top-k 1; otherwise plain temperature and nucleus sampling over the whole vocabulary.
         temp, top_k, top_p = (0.0, 1, 1.0) if request.greedy else (request.temperature, 0, request.top_p)
@@ -79,7 +53,5 @@ class LlamaCppBackend:
                 if cancelled():
                     return
 
-        async for chunk in self._workers.run(
-            request, token_loop, len(prompt), self._pieces, self._stop_ids, max_tokens
-        ):
+        async for chunk in self.stream(request, len(prompt), token_loop):
             yield chunk
