@@ -1,0 +1,125 @@
+"""A real token generator for the contract fakes: the demo model on CTranslate2, one token at a time.
+
+The engines that need CUDA (TensorRT-LLM, TGI, DeepSpeed-MII) are replaced in
+tests by fakes that speak their exact wire format. What they generate comes
+from here, so text, token ids, token counts, stop handling and cancellation
+are real, and only the framing is the fake's job.
+
+Usage from an async route handler::
+
+    async for tok in engine.stream(prompt_text, max_new_tokens=16, greedy=True):
+        tok.id, tok.text, tok.index   # text is "" while a character is incomplete
+    engine.generated_tokens           # grows only while someone consumes a stream
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.ct2_convert import TOKENIZER_FILE, derive
+from backends.inproc import ChatRenderer, piece_table
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_GGUF = ROOT / "models" / "enginegate-demo.gguf"
+
+
+@dataclass(frozen=True)
+class Token:
+    index: int
+    """1-based position in the generated sequence."""
+    id: int
+    text: str
+    special: bool
+    """An end-of-sequence or end-of-turn token: generation stops after it."""
+
+
+class TinyEngine:
+    """Greedy or sampled generation from the demo model, cancelled when the consumer stops."""
+
+    def __init__(self, cache_dir: Path, gguf: Path = DEMO_GGUF) -> None:
+        import ctranslate2
+        from tokenizers import Tokenizer
+
+        model_dir, model = derive(gguf, cache_dir)
+        self.context_length = model.context_length
+        self._generator = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=1, inter_threads=1)
+        self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
+        self._pieces = piece_table(model.vocab)
+        self._stop_ids = frozenset(model.vocab.stop_ids)
+        self._chat = ChatRenderer(model.vocab.chat_template)
+        self._lock = threading.Lock()
+        self.generated_tokens = 0
+        self.active_streams = 0
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        return self._chat.render(messages)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _tokens(
+        self, prompt: str, max_new_tokens: int, greedy: bool, temperature: float, top_p: float, ignore_eos: bool
+    ) -> Iterator[Token]:
+        start = self._tokenizer.encode(prompt, add_special_tokens=False).tokens
+        options: dict[str, Any] = {"max_length": max_new_tokens, "end_token": []}
+        if greedy:
+            options["sampling_topk"] = 1
+        else:
+            options.update(sampling_topk=0, sampling_temperature=temperature, sampling_topp=top_p)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        steps = self._generator.generate_tokens(start, **options)
+        try:
+            for n, step in enumerate(steps, start=1):
+                special = step.token_id in self._stop_ids
+                text = "" if special else decoder.decode(self._pieces[step.token_id])
+                with self._lock:
+                    self.generated_tokens += 1
+                yield Token(n, step.token_id, text, special)
+                if special and not ignore_eos:
+                    return
+        finally:
+            steps.close()
+
+    async def stream(
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        *,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[Token]:
+        """Tokens as they are generated; closing the iterator stops generation at the next token."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Token | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+
+        def work() -> None:
+            try:
+                for tok in self._tokens(prompt, max_new_tokens, greedy, temperature, top_p, ignore_eos):
+                    if stop.is_set():
+                        return
+                    loop.call_soon_threadsafe(queue.put_nowait, tok)
+            except BaseException as exc:  # delivered to the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        self.active_streams += 1
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            self.active_streams -= 1
