@@ -5,7 +5,7 @@ ids in a worker thread and turn ids into text deltas here, on the event loop:
 
 - ``TextAssembler`` maps ids to bytes with llama.cpp's piece rules, decodes
   UTF-8 incrementally, and holds back text that may still become a stop
-  string, so no engine ever streams half a character or part of a stop.
+  string (``StopStrings``), so no engine streams half a character or part of a stop.
 - ``ThreadedGeneration`` runs a blocking token loop in a thread, hands ids to
   the event loop, and stops the loop when the consumer goes away.
 """
@@ -21,26 +21,9 @@ from typing import Any
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, Usage
 from backends.gguf_file import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
+from backends.text import ChatRenderer, StopStrings
 
 SPACE = "\u2581"
-
-_CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
-class ChatRenderer:
-    """Renders messages with the model's own chat template (ChatML when it has none)."""
-
-    def __init__(self, template: str | None) -> None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._template = env.from_string(template or _CHATML)
-
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=True)
 
 
 def piece_table(vocab: Vocabulary) -> list[bytes]:
@@ -62,31 +45,19 @@ class TextAssembler:
     def __init__(self, pieces: list[bytes], stop: Iterable[str]) -> None:
         self._pieces = pieces
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stop = tuple(s for s in stop if s)
-        self._held = ""
-        self.stopped = False
+        self._stops = StopStrings(stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stops.stopped
 
     def feed(self, token_id: int) -> str:
         """Text that may be sent now; sets ``stopped`` when a stop string completes."""
-        self._held += self._decoder.decode(self._pieces[token_id])
-        if not self._stop:
-            out, self._held = self._held, ""
-            return out
-        cut = min((i for i in (self._held.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            out, self._held = self._held[:cut], ""
-            return out
-        keep = max((k for s in self._stop for k in range(1, len(s)) if self._held.endswith(s[:k])), default=0)
-        cut = len(self._held) - keep
-        out, self._held = self._held[:cut], self._held[cut:]
-        return out
+        return self._stops.feed(self._decoder.decode(self._pieces[token_id]))
 
     def flush(self) -> str:
         """At the end of generation: whatever was held back is plain text after all."""
-        out = self._held + self._decoder.decode(b"", final=True)
-        self._held = ""
-        return out
+        return self._stops.flush() + self._stops.feed(self._decoder.decode(b"", final=True))
 
 
 _DONE = object()

@@ -44,6 +44,8 @@ class ModelConfig(_Strict):
     """A llama GGUF file (relative to this config file); the in-process engines load it."""
     params_b: float | None = Field(default=None, gt=0)
     context: int | None = Field(default=None, ge=1)
+    chat_template: str | None = None
+    """Jinja chat template for engines that take raw text; default: the GGUF's, else ChatML."""
 
 
 class CTranslate2Config(_Strict):
@@ -64,7 +66,72 @@ class LlamaCppConfig(_Strict):
     max_queue: int = Field(default=64, ge=0)
 
 
-BackendConfig = Annotated[CTranslate2Config | LlamaCppConfig, Field(discriminator="engine")]
+class _HttpEngine(_Strict):
+    """An engine deployment reached over HTTP."""
+
+    name: Name
+    model: Name
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+")]
+    served_model: str | None = None
+    """The model name the engine knows; default: ``model``."""
+    api_key_env: str | None = None
+    """Environment variable holding the engine's API key (keys never live in this file)."""
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    read_timeout_s: float = Field(default=600.0, gt=0)
+    max_concurrency: int = Field(default=256, ge=1)
+    default_max_tokens: int = Field(default=256, ge=1)
+    """For engines that need a token limit when the client sets none (TGI native, Triton, MII REST)."""
+
+
+class VLLMConfig(_HttpEngine):
+    engine: Literal["vllm"]
+
+
+class TrtllmServeConfig(_HttpEngine):
+    engine: Literal["trtllm_serve"]
+
+
+class TritonTrtllmConfig(_HttpEngine):
+    engine: Literal["triton_trtllm"]
+    triton_model: str = "ensemble"
+
+
+class TgiConfig(_HttpEngine):
+    engine: Literal["tgi"]
+
+
+class TgiMessagesConfig(_HttpEngine):
+    engine: Literal["tgi_messages"]
+
+
+class MiiRestConfig(_HttpEngine):
+    engine: Literal["mii_rest"]
+    deployment: Name
+
+
+class MiiOpenAIConfig(_HttpEngine):
+    engine: Literal["mii_openai"]
+
+
+class LlamaServerConfig(_HttpEngine):
+    engine: Literal["llama_server"]
+
+
+HttpEngineConfig = (
+    VLLMConfig
+    | TrtllmServeConfig
+    | TritonTrtllmConfig
+    | TgiConfig
+    | TgiMessagesConfig
+    | MiiRestConfig
+    | MiiOpenAIConfig
+    | LlamaServerConfig
+)
+BackendConfig = Annotated[CTranslate2Config | LlamaCppConfig | HttpEngineConfig, Field(discriminator="engine")]
+ENGINES = (
+    "ctranslate2", "llama_cpp", "vllm", "trtllm_serve", "triton_trtllm", "tgi", "tgi_messages", "mii_rest",
+    "mii_openai", "llama_server",
+)  # fmt: skip
 
 
 class RoutingConfig(_Strict):
@@ -93,7 +160,7 @@ class GatewayConfig(_Strict):
             model = models.get(b.model)
             if model is None:
                 errors.append(f"backends[{i}].model: unknown model {b.model!r} (known: {', '.join(models)})")
-            elif model.gguf is None:
+            elif model.gguf is None and isinstance(b, CTranslate2Config | LlamaCppConfig):
                 errors.append(f"backends[{i}].model: {b.engine} runs in process and needs models[].gguf")
         if errors:
             raise ValueError("; ".join(errors))
@@ -176,7 +243,7 @@ def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, di
         problems = []
         for err in exc.errors(include_url=False):
             # Tagged unions add the tag as a path element; it is not a key in the file.
-            loc = tuple(p for p in err["loc"] if p not in ("ctranslate2", "llama_cpp"))
+            loc = tuple(p for p in err["loc"] if p not in ENGINES)
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = f"unknown key {loc[-1]!r}"

@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import codecs
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.ct2_convert import TOKENIZER_FILE, derive
-from backends.inproc import ChatRenderer, piece_table
+from backends.inproc import piece_table
+from backends.text import ChatRenderer
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_GGUF = ROOT / "models" / "enginegate-demo.gguf"
@@ -56,6 +58,8 @@ class TinyEngine:
         self._lock = threading.Lock()
         self.generated_tokens = 0
         self.active_streams = 0
+        self.token_delay_s = 0.0
+        """Decode time per token: a GPU engine takes milliseconds per token, the tiny model microseconds."""
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         return self._chat.render(messages)
@@ -80,6 +84,8 @@ class TinyEngine:
                 text = "" if special else decoder.decode(self._pieces[step.token_id])
                 with self._lock:
                     self.generated_tokens += 1
+                if self.token_delay_s:
+                    time.sleep(self.token_delay_s)
                 yield Token(n, step.token_id, text, special)
                 if special and not ignore_eos:
                     return

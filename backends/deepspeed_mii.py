@@ -1,0 +1,113 @@
+"""DeepSpeed-MII, through its RESTful gateway or its OpenAI server.
+
+- REST ``POST /mii/<deployment>``: no streaming, so the finished text arrives as
+  one chunk (its time to first token is the whole generation, honestly). MII
+  samples by default (``do_sample`` true, ``top_p`` 0.9), rejects temperature
+  0, and takes ``stop`` only as one string matching a whole vocabulary token:
+  the adapter asks for greedy with ``do_sample: false``, sends ``top_p``
+  explicitly and enforces stop strings itself.
+- OpenAI server: always samples, so greedy becomes nucleus sampling with a tiny
+  ``top_p`` (the most likely token alone); uses only the first stop string
+  (enforced here instead); sends no usage in streams (one token per chunk is
+  counted, prompt tokens estimated); streams the end token's text, which is cut.
+
+MII exposes no metrics: load is what this gateway has in flight there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.http_base import HttpBackend, HttpSettings
+from backends.openai_compat import OpenAICompatBackend, parse_chunk, to_payload
+from backends.sse import iter_events
+from backends.text import StopStrings, estimate_tokens
+
+GREEDY_TOP_P = 1e-6
+# End-of-turn texts MII's stream leaves in (it decodes without skipping special tokens).
+END_TEXTS = ("<|im_end|>", "</s>", "<|eot_id|>", "<|endoftext|>")
+
+
+def rest_payload(req: GenerationRequest, prompt: str, default_max_tokens: int) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "prompts": [prompt],
+        "max_new_tokens": req.max_tokens or default_max_tokens,
+        "return_full_text": False,
+    }
+    if req.greedy:
+        payload["do_sample"] = False
+    else:
+        payload |= {"do_sample": True, "temperature": req.temperature, "top_p": req.top_p}
+    if isinstance(req.extra.get("ignore_eos"), bool):
+        payload["ignore_eos"] = req.extra["ignore_eos"]
+    return payload
+
+
+class MiiRestBackend(HttpBackend):
+    engine = "mii_rest"
+    health_path = "/healthz"
+    metrics_path = None
+
+    def __init__(self, name: str, model: str, settings: HttpSettings, deployment: str) -> None:
+        super().__init__(name, model, settings)
+        self.deployment = deployment
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        prompt = self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+        payload = rest_payload(request, prompt, self.settings.default_max_tokens)
+        async with self.open_stream(f"/mii/{self.deployment}", payload) as response:
+            doc = self.json_event((await self._read(response)).decode("utf-8", "replace"))
+        if not (isinstance(doc, list) and doc and isinstance(doc[0], dict)):
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected MII response {str(doc)[:200]}")
+        result = doc[0]
+        stops = StopStrings(request.stop)
+        text = stops.feed(str(result.get("generated_text", ""))) + stops.flush()
+        raw = result.get("finish_reason")
+        finish = "stop" if stops.stopped or raw != "length" else "length"
+        usage = Usage(int(result.get("prompt_length") or 0), int(result.get("generated_length") or 0))
+        yield Chunk(text=text, finish_reason=finish, usage=usage)
+
+
+class MiiOpenAIBackend(OpenAICompatBackend):
+    engine = "mii_openai"
+    health_path = "/health"
+    metrics_path = None
+    ask_usage: ClassVar[bool] = False
+    accepted_extra = frozenset({"top_k", "min_tokens"})
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        payload = to_payload(request, self.settings.served_model, self.accepted_extra, ask_usage=False)
+        payload.pop("stop", None)
+        if request.greedy:
+            payload |= {"temperature": 1.0, "top_p": GREEDY_TOP_P}
+        return payload
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        stops = StopStrings((*request.stop, *END_TEXTS))
+        path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+        finish: str | None = None
+        tokens = 0
+        async with self.open_stream(path, self.payload(request)) as response:
+            async for event in iter_events(self.lines(response)):
+                if event.data == "[DONE]":
+                    break
+                doc = self.json_event(event.data)
+                if not isinstance(doc, dict):
+                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected stream item {event.data[:200]!r}")
+                text, chunk_finish, _ = parse_chunk(doc)
+                finish = chunk_finish or finish
+                if text:
+                    tokens += 1
+                    out = stops.feed(text)
+                    if out:
+                        yield Chunk(text=out)
+                    if stops.stopped:  # a stop string or the end-of-turn text: no need to read on
+                        finish = "stop"
+                        break
+        if finish is None:
+            # MII drops the connection without [DONE] when generation fails mid-stream.
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
+        prompt = request.prompt if request.messages is None else "".join(m["content"] for m in request.messages)
+        yield Chunk(text=stops.flush(), finish_reason=finish, usage=Usage(estimate_tokens(prompt or ""), tokens))

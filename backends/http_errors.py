@@ -1,0 +1,101 @@
+"""Engine HTTP errors to ``BackendError`` kinds: every engine's error shape, read in one place.
+
+Shapes seen in the references: OpenAI's ``{"error": {"message", "type", "code"}}``
+(vLLM >= 0.10.1, llama-server), vLLM's and trtllm-serve's flat
+``{"object": "error", "message", "type", "code"}``, TGI's
+``{"error": "...", "error_type": "..."}``, TGI chat streams'
+``{"error": {"message", "http_status_code"}}``, Triton's and trtllm-serve's
+validation ``{"error": "..."}``, MII's ``{"message": ...}`` and fastchat codes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from backends.base import BackendError, ErrorKind
+
+_CONTEXT = re.compile(
+    r"context length|context size|maximum context|max_model_len|must be <= \d+|max_total_tokens|too long",
+    re.IGNORECASE,
+)
+_OVERLOADED_TYPES = {"overloaded", "unavailable_error", "rate_limit_error", "RateLimitError"}
+
+
+def _message(doc: Any) -> tuple[str, Any, Any, Any]:
+    """(message, type, code, param) from any known error body."""
+    if not isinstance(doc, Mapping):
+        return (str(doc)[:500] if doc else "", None, None, None)
+    err = doc.get("error")
+    if isinstance(err, Mapping):
+        return (
+            str(err.get("message", "")),
+            err.get("type"),
+            err.get("code", err.get("http_status_code")),
+            err.get("param"),
+        )
+    if isinstance(err, str):
+        return err, doc.get("error_type"), None, None
+    detail = doc.get("detail")
+    if isinstance(detail, Mapping):
+        return _message(detail)
+    msg = doc.get("message", detail if isinstance(detail, str) else "")
+    return str(msg), doc.get("type"), doc.get("code"), doc.get("param")
+
+
+def _kind(status: int | None, message: str, type_: Any, code: Any) -> ErrorKind:
+    context = code == "context_length_exceeded" or type_ == "exceed_context_size_error" or _CONTEXT.search(message)
+    if context and (status is None or status < 500):
+        return ErrorKind.CONTEXT_LENGTH
+    if status == 429 or type_ in _OVERLOADED_TYPES:
+        return ErrorKind.OVERLOADED
+    if status in (408, 504):
+        return ErrorKind.TIMEOUT
+    if status == 503:
+        return ErrorKind.OVERLOADED
+    if status in (400, 413, 422) or type_ in ("validation", "BadRequestError", "invalid_request_error"):
+        return ErrorKind.BAD_REQUEST
+    return ErrorKind.UPSTREAM
+
+
+def parse_body(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace").strip()
+
+
+def from_response(engine: str, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
+    """An HTTP error status from the engine, before any token."""
+    message, type_, code, param = _message(parse_body(body))
+    if isinstance(code, int) and 100 <= code < 600 and status == 200:
+        status = code
+    kind = _kind(status, message, type_, code)
+    retry_after = None
+    raw_retry = headers.get("retry-after")
+    if raw_retry is not None:
+        try:
+            retry_after = float(raw_retry)
+        except ValueError:
+            retry_after = None
+    if kind is ErrorKind.OVERLOADED and retry_after is None:
+        retry_after = 1.0
+    text = f"{engine} answered {status}: {message or 'no message'}"
+    return BackendError(kind, text, param=param if isinstance(param, str) else None, retry_after=retry_after)
+
+
+def from_event(engine: str, doc: Any) -> BackendError:
+    """An error the engine sent inside a stream (after a 200)."""
+    message, type_, code, param = _message(doc)
+    status = code if isinstance(code, int) and 100 <= code < 600 else None
+    kind = _kind(status, message, type_, code)
+    retry_after = 1.0 if kind is ErrorKind.OVERLOADED else None
+    return BackendError(
+        kind,
+        f"{engine} stream error: {message or 'no message'}",
+        param=param if isinstance(param, str) else None,
+        retry_after=retry_after,
+    )

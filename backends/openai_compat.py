@@ -1,0 +1,99 @@
+"""Engines that speak OpenAI's routes (vLLM, trtllm-serve, llama-server, TGI's Messages API, MII's server).
+
+The thin path: the request goes out nearly as the client sent it (``to_payload``,
+filtered for engines that reject unknown fields), always streamed, and each SSE
+chunk becomes a neutral ``Chunk`` (``parse_chunk``). Usage is asked for when
+the engine supports it and handed on only as the final chunk's usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from backends import http_errors
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.http_base import HttpBackend
+from backends.sse import iter_events
+
+# Finish reasons outside OpenAI's set, as engines spell them.
+FINISH = {"eos_token": "stop", "stop_sequence": "stop", "abort": "stop", "eos": "stop", "limit": "length"}
+
+
+def to_payload(
+    req: GenerationRequest, served_model: str, accepted_extra: frozenset[str] | None, ask_usage: bool
+) -> dict[str, Any]:
+    """The engine's request body. ``accepted_extra`` None passes every extra field through."""
+    payload: dict[str, Any] = {"model": served_model, "stream": True}
+    if req.messages is not None:
+        payload["messages"] = req.messages
+    else:
+        payload["prompt"] = req.prompt
+    if req.max_tokens is not None:
+        payload["max_tokens"] = req.max_tokens
+    payload["temperature"] = req.temperature
+    if req.top_p != 1.0:
+        payload["top_p"] = req.top_p
+    if req.stop:
+        payload["stop"] = list(req.stop)
+    if req.seed is not None:
+        payload["seed"] = req.seed
+    if ask_usage:
+        payload["stream_options"] = {"include_usage": True}
+    for key, value in req.extra.items():
+        if (accepted_extra is None or key in accepted_extra) and key not in payload:
+            payload[key] = value
+    return payload
+
+
+def parse_chunk(doc: dict[str, Any]) -> tuple[str, str | None, Usage | None]:
+    """(text, finish reason, usage) of one OpenAI stream chunk, chat or completion."""
+    text = ""
+    finish = None
+    choices = doc.get("choices") or []
+    if choices:
+        choice = choices[0]
+        delta = choice.get("delta")
+        text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
+        raw = choice.get("finish_reason")
+        finish = FINISH.get(raw, raw) if raw else None
+    usage = None
+    raw_usage = doc.get("usage")
+    if isinstance(raw_usage, dict) and "completion_tokens" in raw_usage:
+        usage = Usage(int(raw_usage.get("prompt_tokens") or 0), int(raw_usage["completion_tokens"]))
+    return text, finish, usage
+
+
+class OpenAICompatBackend(HttpBackend):
+    """A backend for an engine's OpenAI routes; subclasses set the engine's quirks as class attributes."""
+
+    engine = "openai"
+    accepted_extra: ClassVar[frozenset[str] | None] = None
+    ask_usage: ClassVar[bool] = True
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        return to_payload(request, self.settings.served_model, self.accepted_extra, self.ask_usage)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+        finish: str | None = None
+        usage: Usage | None = None
+        async with self.open_stream(path, self.payload(request)) as response:
+            async for event in iter_events(self.lines(response)):
+                if event.data == "[DONE]":
+                    break
+                doc = self.json_event(event.data)
+                if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
+                    raise http_errors.from_event(self.name, doc)
+                if not isinstance(doc, dict):
+                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected stream item {event.data[:200]!r}")
+                text, chunk_finish, chunk_usage = parse_chunk(doc)
+                finish = chunk_finish or finish
+                usage = chunk_usage or usage
+                if text:
+                    yield Chunk(text=text)
+                if finish is not None and not self.ask_usage:
+                    break
+        if finish is None:
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
+        yield Chunk(finish_reason=finish, usage=usage)
