@@ -6,7 +6,12 @@ BIN := $(VENV)/bin
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: serve test lint typecheck unit clean
+# Real engines for the adapter tests, kept between runs: vLLM in its own venv, llama-server in the cache.
+VLLM_VENV ?= .venv-vllm
+export ENGINEGATE_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
+export ENGINEGATE_LLAMA_SERVER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/enginegate/llama-server-0.3.36/build/bin/llama-server
+
+.PHONY: serve test lint typecheck unit engines clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +35,14 @@ lint: $(VENV)/.test-deps
 typecheck: $(VENV)/.test-deps
 	$(BIN)/mypy
 
-unit: $(VENV)/.test-deps
+engines: $(VENV)/.test-deps
+	bash tools/install_vllm.sh $(VLLM_VENV)
+	CMAKE=$(abspath $(BIN))/cmake bash tools/build_llama_server.sh >/dev/null
+
+unit: $(VENV)/.test-deps engines
 	$(BIN)/pytest
 
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

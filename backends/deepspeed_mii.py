@@ -21,13 +21,10 @@ from typing import Any, ClassVar
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.http_base import HttpBackend, HttpSettings
-from backends.openai_compat import OpenAICompatBackend, parse_chunk, to_payload
-from backends.sse import iter_events
-from backends.text import StopStrings, estimate_tokens
+from backends.openai_compat import END_TEXTS, OpenAICompatBackend, to_payload
+from backends.text import StopStrings
 
 GREEDY_TOP_P = 1e-6
-# End-of-turn texts MII's stream leaves in (it decodes without skipping special tokens).
-END_TEXTS = ("<|im_end|>", "</s>", "<|eot_id|>", "<|endoftext|>")
 
 
 def rest_payload(req: GenerationRequest, prompt: str, default_max_tokens: int) -> dict[str, Any]:
@@ -76,6 +73,7 @@ class MiiOpenAIBackend(OpenAICompatBackend):
     metrics_path = None
     ask_usage: ClassVar[bool] = False
     accepted_extra = frozenset({"top_k", "min_tokens"})
+    end_texts = END_TEXTS  # MII decodes streamed tokens without skipping special ones
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         payload = to_payload(request, self.settings.served_model, self.accepted_extra, ask_usage=False)
@@ -83,31 +81,3 @@ class MiiOpenAIBackend(OpenAICompatBackend):
         if request.greedy:
             payload |= {"temperature": 1.0, "top_p": GREEDY_TOP_P}
         return payload
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        stops = StopStrings((*request.stop, *END_TEXTS))
-        path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
-        finish: str | None = None
-        tokens = 0
-        async with self.open_stream(path, self.payload(request)) as response:
-            async for event in iter_events(self.lines(response)):
-                if event.data == "[DONE]":
-                    break
-                doc = self.json_event(event.data)
-                if not isinstance(doc, dict):
-                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected stream item {event.data[:200]!r}")
-                text, chunk_finish, _ = parse_chunk(doc)
-                finish = chunk_finish or finish
-                if text:
-                    tokens += 1
-                    out = stops.feed(text)
-                    if out:
-                        yield Chunk(text=out)
-                    if stops.stopped:  # a stop string or the end-of-turn text: no need to read on
-                        finish = "stop"
-                        break
-        if finish is None:
-            # MII drops the connection without [DONE] when generation fails mid-stream.
-            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
-        prompt = request.prompt if request.messages is None else "".join(m["content"] for m in request.messages)
-        yield Chunk(text=stops.flush(), finish_reason=finish, usage=Usage(estimate_tokens(prompt or ""), tokens))

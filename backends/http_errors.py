@@ -19,9 +19,13 @@ import orjson
 from backends.base import BackendError, ErrorKind
 
 _CONTEXT = re.compile(
-    r"context length|context size|maximum context|max_model_len|must be <= \d+|max_total_tokens|too long",
+    r"context length|context size|maximum context|max_model_len|must be <= \d+|max_total_tokens|too long"
+    r"|maximum input length|should not exceed max_num_tokens|prompt length .* exceed",
     re.IGNORECASE,
 )
+_INVALID = re.compile(r"^input validation error", re.IGNORECASE)
+# trtllm-serve reports a full queue as a 400 with this text; it is an overload, worth retrying elsewhere.
+_BUSY = re.compile(r"queue size of \d+ has been reached|try again later|model is overloaded", re.IGNORECASE)
 _OVERLOADED_TYPES = {"overloaded", "unavailable_error", "rate_limit_error", "RateLimitError"}
 
 
@@ -47,10 +51,9 @@ def _message(doc: Any) -> tuple[str, Any, Any, Any]:
 
 
 def _kind(status: int | None, message: str, type_: Any, code: Any) -> ErrorKind:
-    context = code == "context_length_exceeded" or type_ == "exceed_context_size_error" or _CONTEXT.search(message)
-    if context and (status is None or status < 500):
+    if code == "context_length_exceeded" or type_ == "exceed_context_size_error" or _CONTEXT.search(message):
         return ErrorKind.CONTEXT_LENGTH
-    if status == 429 or type_ in _OVERLOADED_TYPES:
+    if status == 429 or type_ in _OVERLOADED_TYPES or _BUSY.search(message):
         return ErrorKind.OVERLOADED
     if status in (408, 504):
         return ErrorKind.TIMEOUT
@@ -58,12 +61,18 @@ def _kind(status: int | None, message: str, type_: Any, code: Any) -> ErrorKind:
         return ErrorKind.OVERLOADED
     if status in (400, 413, 422) or type_ in ("validation", "BadRequestError", "invalid_request_error"):
         return ErrorKind.BAD_REQUEST
+    if _INVALID.search(message):
+        return ErrorKind.BAD_REQUEST
     return ErrorKind.UPSTREAM
 
 
 def parse_body(body: bytes) -> Any:
+    """JSON, or JSON framed as one SSE event (Triton answers stream errors so), or the text itself."""
+    text = body.strip()
+    if text.startswith(b"data:"):
+        text = text[5:].strip()
     try:
-        return orjson.loads(body)
+        return orjson.loads(text)
     except orjson.JSONDecodeError:
         return body.decode("utf-8", "replace").strip()
 
@@ -87,10 +96,11 @@ def from_response(engine: str, status: int, body: bytes, headers: Mapping[str, s
     return BackendError(kind, text, param=param if isinstance(param, str) else None, retry_after=retry_after)
 
 
-def from_event(engine: str, doc: Any) -> BackendError:
-    """An error the engine sent inside a stream (after a 200)."""
+def from_event(engine: str, doc: Any, trust_status: bool = True) -> BackendError:
+    """An error the engine sent inside a stream (after a 200). ``trust_status`` False: the event's
+    status code says nothing (TGI's Messages API writes 422 on every stream error)."""
     message, type_, code, param = _message(doc)
-    status = code if isinstance(code, int) and 100 <= code < 600 else None
+    status = code if trust_status and isinstance(code, int) and 100 <= code < 600 else None
     kind = _kind(status, message, type_, code)
     retry_after = 1.0 if kind is ErrorKind.OVERLOADED else None
     return BackendError(

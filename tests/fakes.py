@@ -65,15 +65,17 @@ def factory(backends: dict[str, Backend]) -> Callable[[BackendConfig, LoadedConf
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: object) -> Iterator[str]:
-    """A real uvicorn server on a free port, in a thread of this process (so tests can hold fakes)."""
+def serve_in_thread(app: object, ready_path: str = "/readyz") -> Iterator[str]:
+    """A real uvicorn server on a free port, in a thread of this process (so tests can hold fakes).
+
+    ``ready_path`` must answer 200 once the app serves (engine fakes: their own health route)."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base, timeout=20)
+        wait_ready(base, timeout=20, path=ready_path)
         yield base
     finally:
         server.should_exit = True

@@ -110,7 +110,10 @@ def export(gguf_path: Path, out: Path, head_dim: int | None = None) -> Path:
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     save_file(hf_tensors(model, hd), str(out / "model.safetensors"), metadata={"format": "pt"})
     build_tokenizer(v).save(str(out / "tokenizer.json"))
-    name = lambda i: v.tokens[i] if i is not None else None  # noqa: E731
+
+    def name(i: int | None) -> str | None:
+        return v.tokens[i] if i is not None else None
+
     specials = {"bos_token": name(v.bos_id), "eos_token": name(v.eot_id or v.eos_id), "unk_token": name(v.unk_id)}
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

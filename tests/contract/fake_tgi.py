@@ -1,0 +1,605 @@
+"""Contract fake of Hugging Face TGI 3.3.x (router 3.3.6-dev0) over the TinyEngine; behaviour from router/src.
+
+POST ``/generate``, ``/generate_stream``, ``/`` (the compat route the ``text-generation`` client uses:
+``stream`` switches, the non-stream answer is a one-item list, ``return_full_text`` defaults to true),
+``/v1/chat/completions``, ``/v1/completions``; GET ``/health`` (``/``, ``/ping``), ``/info``,
+``/v1/models``, ``/metrics``.
+
+* SSE is ``data:<json>\\n\\n``, ``:\\n\\n`` keep-alive every 15 s while queued. ``/generate_stream`` has
+  no ``[DONE]``; whatever fails after the 200 (validation too) is an ``{"error","error_type"}`` event;
+  ``details`` only with ``parameters.details``. OpenAI routes send ``{"error": {"message",
+  "http_status_code": 422}}`` (always 422) and end with ``data:[DONE]``.
+* No ``parameters`` object means ``do_sample: true``; ``max_new_tokens`` defaults to
+  ``max_total_tokens - input_length``; generation runs in chunks of at most 1024 tokens, re-queued
+  while the request wants more and still validates. Bodies serde rejects (missing field, null for a
+  non-Option field, wrong JSON type) get axum's plain-text 422; the wording only approximates serde's.
+* Stop order: length, EOS, stop strings (regex ``re.escape(s) + "$"``); the stop string stays in the
+  text. EOS is a generated token, streamed with its text (``<|im_end|>``) and ``special: true``.
+* Messages API: temperature 0 is greedy, anything else (or none) samples; ``model`` is echoed unless
+  absent or ``"tgi"``; ``eos_token`` reads ``stop`` (not in the completions stream's last chunk).
+
+Not reproduced: logprobs (0.0), ``prefill`` ([]), ``top_tokens``, chat ``logprobs``, ``truncate`` (only
+validated and counted), ``best_of`` > 1, tools, grammars, seeds, ``top_k`` and penalties (validated
+only), ``FakeControl.loading`` (TGI's router does not listen before its model is loaded).
+
+``FakeControl.fail_next`` names, taken at the start of each generation request:
+``overloaded`` 429 before validation (in a stream, the first and only event); ``overloaded_midstream``
+and ``generation``: 3 tokens, then that error event (429 / 424 when not streaming); ``incomplete``:
+the last token never comes (500 ``incomplete_generation`` / an ``incomplete_generation_stream``
+event); ``validation``: a 422 validation error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tests.contract.control import FakeControl
+from tests.contract.tiny_engine import TinyEngine
+
+VERSION = "3.3.6-dev0"
+FINGERPRINT = f"{VERSION}-native"
+CHUNK = 1024  # DEFAULT_GENERATION_LENGTH, router/src/validation.rs
+FAULTS = ("overloaded", "overloaded_midstream", "generation", "incomplete", "validation")
+STATUS = {"validation": 422, "overloaded": 429, "generation": 424, "template_error": 422}
+FAIL_LABEL = {"template_error": "template", "suffix not supported": "validation", "batch size exceeded": "validation"}
+NO_BUFFERING = {"x-accel-buffering": "no"}
+DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
+EXPECTED = {"f": "f32", "i": "u32", "j": "i32", "b": "a boolean", "s": "a string", "l": "a sequence", "m": "a map"}
+KINDS: dict[str, Callable[[Any], bool]] = {
+    "f": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "i": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "j": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "b": lambda v: isinstance(v, bool),
+    "s": lambda v: isinstance(v, str),
+    "l": lambda v: isinstance(v, list),
+    "m": lambda v: isinstance(v, dict),
+}
+
+
+def spec(text: str) -> dict[str, str]:
+    """``name:kind`` as serde sees the field; ``!`` marks a non-Option field (null rejected)."""
+    return {k: v for k, v in (item.split(":") for item in text.split())}
+
+
+GEN_SPEC = spec(
+    "best_of:i temperature:f repetition_penalty:f frequency_penalty:f top_k:j top_p:f typical_p:f do_sample:b!"
+    " max_new_tokens:i return_full_text:b stop:l! truncate:i watermark:b! seed:i details:b! decoder_input_details:b!"
+    " top_n_tokens:i adapter_id:s"
+)
+OAI_SPEC = spec("model:s max_tokens:i temperature:f top_p:f stream:b! seed:i stop:l frequency_penalty:f")
+CHAT_SPEC = OAI_SPEC | spec("messages:l! presence_penalty:f stream_options:m! max_completion_tokens:i top_logprobs:i")
+COMPLETION_SPEC = OAI_SPEC | spec("suffix:s repetition_penalty:f")
+
+
+class TGIError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.message, "error_type": self.kind}
+
+
+class BadBody(Exception):
+    """axum's Json extractor rejecting the body before the handler runs."""
+
+
+def invalid(message: str) -> TGIError:
+    return TGIError("validation", f"Input validation error: {message}")
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def sse(obj: object) -> bytes:
+    return f"data:{dumps(obj)}\n\n".encode()
+
+
+def json_response(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(obj), status, headers, media_type="application/json")
+
+
+def check(obj: Any, types: dict[str, str], path: str = "", required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """serde's verdict: the first bad field in document order, then missing fields; unknown fields pass."""
+    at = f"{path}: " if path else ""
+    if not isinstance(obj, dict):
+        raise BadBody(f"{DESERIALIZE}{at}invalid type: {type(obj).__name__}, expected a struct")
+    for key, v in obj.items():
+        kind = types.get(key, "")
+        if kind and (v is not None or kind.endswith("!")) and not KINDS[kind[0]](v):
+            got, where = "null" if v is None else f"{type(v).__name__} `{v}`", f"{path}.{key}" if path else key
+            raise BadBody(f"{DESERIALIZE}{where}: invalid type: {got}, expected {EXPECTED[kind[0]]}")
+    for key in required:
+        if key not in obj:
+            raise BadBody(f"{DESERIALIZE}{at}missing field `{key}`")
+    return obj
+
+
+async def read_json(request: Request) -> Any:
+    if "json" not in request.headers.get("content-type", ""):
+        raise BadBody("Expected request with `Content-Type: application/json`")
+    try:
+        return json.loads(await request.body())
+    except ValueError as exc:
+        raise BadBody(f"Failed to parse the JSON body into the target type: {exc}") from None
+
+
+def rejected(exc: BadBody) -> Response:
+    text = str(exc)
+    return PlainTextResponse(text, 422 if text.startswith(DESERIALIZE) else 415 if "Content-Type" in text else 400)
+
+
+@dataclass
+class GenRequest:
+    """GenerateRequest: inputs and GenerateParameters (router/src/lib.rs)."""
+
+    inputs: str
+    max_new_tokens: int | None = None
+    do_sample: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    typical_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    details: bool = False
+    decoder_input_details: bool = False
+    return_full_text: bool | None = None
+    best_of: int | None = None
+    truncate: int | None = None
+    top_n_tokens: int | None = None
+
+    @classmethod
+    def parse(cls, body: Any, compat: bool) -> GenRequest:
+        check(body, spec("inputs:s! parameters:m!" + (" stream:b!" if compat else "")), required=("inputs",))
+        if "parameters" not in body:  # serde default_parameters(): do_sample true
+            return cls(body["inputs"], do_sample=True)
+        params, names = check(body["parameters"], GEN_SPEC, "parameters"), {f.name for f in fields(cls)}
+        return cls(body["inputs"], **{k: v for k, v in params.items() if k in names and v is not None})
+
+
+def oai_request(body: dict[str, Any], prompt: str, max_tokens: Any, repetition: float | None) -> GenRequest:
+    """ChatRequest::try_into_generate and completions: temperature 0 is greedy, anything else samples."""
+    t = body.get("temperature")
+    req = GenRequest(prompt, max_tokens, t != 0, None if t == 0 else t, body.get("top_p"), details=True)
+    req.stop, req.seed, req.frequency_penalty = body.get("stop") or [], body.get("seed"), body.get("frequency_penalty")
+    req.repetition_penalty = repetition
+    return req
+
+
+@dataclass
+class Plan:
+    """What validation resolved a request into."""
+
+    prompt: str
+    input_length: int
+    budget: int
+    sample: bool
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: list[str]
+
+
+@dataclass
+class Step:
+    index: int
+    token: dict[str, Any]
+    finish: str | None
+    text: str
+    plan: Plan
+    times: tuple[float, float, float]  # received, validated (queued), scheduled
+
+
+class Histogram:
+    def __init__(self, buckets: list[float]) -> None:
+        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, v: float) -> None:
+        self.counts = [c + (v <= b) for c, b in zip(self.counts, self.buckets, strict=True)]
+        self.sum, self.count = self.sum + v, self.count + 1
+
+    def lines(self, name: str) -> list[str]:
+        def num(v: float) -> str:
+            return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+        rows: list[tuple[str, object]] = [
+            (f'_bucket{{le="{num(b)}"}}', c) for b, c in zip(self.buckets, self.counts, strict=True)
+        ]
+        rows += [('_bucket{le="+Inf"}', self.count), ("_sum", num(self.sum)), ("_count", self.count)]
+        return [f"# TYPE {name} histogram", *(f"{name}{suffix} {v}" for suffix, v in rows), ""]
+
+
+class FakeTGI:
+    def __init__(self, engine: TinyEngine, control: FakeControl, model_id: str, max_input: int, max_total: int) -> None:
+        self.engine, self.control, self.model_id = engine, control, model_id
+        self.max_input, self.max_total, self.queued = max_input, max_total, 0
+        self.counters: dict[tuple[str, str], int] = {}
+        seconds = [0.0001 * 1.5]
+        while len(seconds) < 35:
+            seconds.append(seconds[-1] * 1.5)
+        self.hists = {f"tgi_request_{n}duration": Histogram(seconds) for n in ("", "queue_", "inference_")}
+        self.hists["tgi_request_input_length"] = Histogram([max_input / 100 * (x + 1) for x in range(100)])
+        self.hists["tgi_request_generated_tokens"] = Histogram([max_total / 100 * (x + 1) for x in range(100)])
+
+    def count(self, name: str, label: str = "") -> None:
+        self.counters[(name, label)] = self.counters.get((name, label), 0) + 1
+
+    def fail(self, err: TGIError) -> TGIError:
+        label = "incomplete" if "incomplete" in err.kind else FAIL_LABEL.get(err.kind, err.kind)
+        self.count("tgi_request_failure", label)
+        return err
+
+    def take_fault(self) -> str | None:
+        fault = self.control.take_fault()
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"fake TGI knows no fault {fault!r}; it knows {FAULTS}")
+        return fault
+
+    def validate(self, req: GenRequest) -> Plan:
+        """Validation::validate and validate_input, in the router's order."""
+        best_of, top_p = req.best_of or 1, 1.0 if req.top_p is None else req.top_p
+        temperature = 1.0 if req.temperature is None else req.temperature
+        asked = req.do_sample or any(v is not None for v in (req.temperature, req.top_k, req.top_p, req.typical_p))
+        for bad, message in (
+            (best_of > 1 and not asked, "you must use sampling when `best_of` is > 1"),
+            (temperature <= 0.0, "`temperature` must be strictly positive"),
+            ((req.repetition_penalty or 1.0) <= 0.0, "`repetition_penalty` must be strictly positive"),
+            (not -2.0 <= (req.frequency_penalty or 0.0) <= 2.0, "`frequency_penalty` must be >= -2.0 and <= 2.0"),
+            (req.top_p is not None and not 0.0 < req.top_p < 1.0, "`top_p` must be > 0.0 and < 1.0"),
+            (req.typical_p is not None and not 0.0 < req.typical_p < 1.0, "`typical_p` must be > 0.0 and < 1.0"),
+            (req.top_k is not None and req.top_k <= 0, "`top_k` must be strictly positive"),
+            (req.max_new_tokens == 0, "`max_new_tokens` must be strictly positive"),
+            (len(req.stop) > 4, f"`stop` supports up to 4 stop sequences. Given: {len(req.stop)}"),
+            (req.seed is not None and best_of > 1, "`seed` must not be set when `best_of` > 1"),
+            ((req.top_n_tokens or 0) > 5, f"`top_n_tokens` must be >= 0 and <= 5. Given: {req.top_n_tokens}"),
+            (not req.inputs, "`inputs` cannot be empty"),
+            (req.truncate is not None and not 0 < req.truncate <= self.max_input, self.bad_truncate(req.truncate)),
+        ):
+            if bad:
+                raise invalid(message)
+        n_in = min(self.engine.count_tokens(req.inputs), req.truncate or 1 << 62)
+        chunk = min(self.max_total - n_in if req.max_new_tokens is None else req.max_new_tokens, CHUNK)
+        if n_in + chunk > self.max_total:
+            raise invalid(self.too_long(n_in, chunk))
+        if n_in > self.max_input:
+            raise invalid(f"`inputs` must have less than {self.max_input} tokens. Given: {n_in}")
+        self.hists["tgi_request_input_length"].observe(n_in)
+        sample = req.do_sample or temperature != 1.0 or bool(req.top_k) or top_p < 1.0 or (req.typical_p or 1) < 1
+        seed = (random.getrandbits(64) if req.seed is None else req.seed) if sample else None
+        return Plan(req.inputs, n_in, self.budget(n_in, req.max_new_tokens), sample, temperature, top_p, seed, req.stop)
+
+    def bad_truncate(self, given: int | None) -> str:
+        return f"`truncate` must be strictly positive and less than {self.max_input}. Given: {given}"
+
+    def too_long(self, n_in: int, new: int) -> str:
+        limit = f"`inputs` tokens + `max_new_tokens` must be <= {self.max_total}"
+        return f"{limit}. Given: {n_in} `inputs` tokens and {new} `max_new_tokens`"
+
+    def budget(self, n_in: int, requested: int | None) -> int:
+        """Infer::generate_stream re-queues a request that stopped on length while it wants more and validates."""
+        goal, total = (self.max_total - n_in if requested is None else requested), 0
+        while True:
+            n = n_in + total
+            chunk = min(self.max_total - n if requested is None else requested, CHUNK)
+            if total and (n > self.max_input or n + chunk > self.max_total or chunk <= 0):
+                return total
+            total += chunk
+            if total >= goal:
+                return total
+
+    async def steps(self, req: GenRequest, fault: str | None) -> AsyncGenerator[Step | None, None]:
+        """Validated, queued, generated tokens; ``None`` is a keep-alive tick while queued."""
+        t0 = time.monotonic()
+        if fault == "overloaded":
+            raise TGIError("overloaded", "Model is overloaded")
+        if fault == "validation":
+            raise invalid(self.too_long(self.max_total, 1))
+        plan, queued, left = self.validate(req), time.monotonic(), self.control.delay_s
+        self.queued += 1
+        try:
+            while left > 15:
+                await asyncio.sleep(15)
+                left -= 15
+                yield None
+            await asyncio.sleep(left)
+        finally:
+            self.queued -= 1
+        times, text, window = (t0, queued, time.monotonic()), "", ""
+        p = plan
+        gen = self.engine.stream(p.prompt, p.budget, greedy=not p.sample, temperature=p.temperature, top_p=p.top_p)
+        assert isinstance(gen, AsyncGenerator)
+        async with aclosing(gen) as tokens:
+            async for tok in tokens:
+                shown = str(self.engine._tokenizer.id_to_token(tok.id)) if tok.special else tok.text
+                text, window = text + ("" if tok.special else tok.text), window + shown
+                window = window[-200:] if len(window) > 300 else window  # StoppingCriteria keeps a tail
+                finish = "length" if tok.index >= plan.budget else "eos_token" if tok.special else None
+                if finish is None and any(re.search(re.escape(s) + "$", window) for s in plan.stop):
+                    finish = "stop_sequence"
+                if fault == "generation" and (tok.index > 3 or finish):
+                    raise TGIError("generation", "Request failed during generation: Server error: CUDA out of memory")
+                if fault == "overloaded_midstream" and (tok.index > 3 or finish):
+                    raise TGIError("overloaded", "Model is overloaded")
+                if fault == "incomplete" and finish:
+                    break
+                token = {"id": tok.id, "text": shown, "logprob": 0.0, "special": tok.special}
+                yield Step(tok.index, token, finish, text, plan, times)
+                if finish:
+                    return
+        raise TGIError("incomplete_generation_stream", "Incomplete generation stream")
+
+    def succeed(self, last: Step) -> dict[str, str]:
+        """Success metrics, and /generate's timing headers."""
+        (t0, queued, start), now = last.times, time.monotonic()
+        spans = {"total": now - t0, "validation": queued - t0, "queue": start - queued, "inference": now - start}
+        for name, span in (("", "total"), ("queue_", "queue"), ("inference_", "inference")):
+            self.hists[f"tgi_request_{name}duration"].observe(spans[span])
+        self.hists["tgi_request_generated_tokens"].observe(last.index)
+        self.count("tgi_request_success")
+        headers = {"x-compute-time": repr(now - t0)} | {f"x-{k}-time": str(int(v * 1000)) for k, v in spans.items()}
+        return headers | {"x-time-per-token": str(int(spans["inference"] * 1000 / last.index))}
+
+    async def generate_internal(self, req: GenRequest, fault: str | None) -> tuple[dict[str, str], int, dict[str, Any]]:
+        """server.rs generate_internal: headers, input length and GenerateResponse, or a TGIError."""
+        self.count("tgi_request_count")
+        try:
+            async with aclosing(self.steps(req, fault)) as it:
+                steps = [s async for s in it if s is not None]
+        except TGIError as exc:
+            incomplete = TGIError("incomplete_generation", "Incomplete generation")
+            raise self.fail(incomplete if "incomplete" in exc.kind else exc) from None
+        last, n_in = steps[-1], steps[-1].plan.input_length
+        headers = {"x-compute-type": "gpu+optimized", "x-compute-characters": str(len(req.inputs))} | self.succeed(last)
+        headers |= {"x-prompt-tokens": str(n_in), "x-generated-tokens": str(last.index)}
+        out: dict[str, Any] = {"generated_text": (req.inputs if req.return_full_text else "") + last.text}
+        if req.details or req.decoder_input_details:
+            details = {"finish_reason": last.finish, "generated_tokens": last.index, "seed": last.plan.seed}
+            out["details"] = details | {"prefill": [], "tokens": [s.token for s in steps]}
+        return headers, n_in, out
+
+    async def stream_internal(
+        self, req: GenRequest, fault: str | None
+    ) -> AsyncGenerator[dict[str, Any] | TGIError | None]:
+        """server.rs generate_stream_internal: StreamResponse dicts (None: keep-alive), then at most one error."""
+        self.count("tgi_request_count")
+        try:
+            if (req.best_of or 1) != 1:
+                raise invalid("`best_of` != 1 is not supported when streaming tokens")
+            if req.decoder_input_details:
+                raise invalid("`decoder_input_details` == true is not supported when streaming tokens")
+            async with aclosing(self.steps(req, fault)) as it:
+                async for s in it:
+                    if s is None:
+                        yield None
+                        continue
+                    event: dict[str, Any] = {"index": s.index, "token": s.token, "generated_text": None}
+                    event["details"] = None
+                    if s.finish:
+                        self.succeed(s)
+                        event["generated_text"] = (req.inputs if req.return_full_text else "") + s.text
+                        details = {"finish_reason": s.finish, "generated_tokens": s.index, "seed": s.plan.seed}
+                        event["details"] = details | {"input_length": s.plan.input_length} if req.details else None
+                    yield event
+        except TGIError as exc:
+            yield self.fail(exc)
+
+    def stream_headers(self, req: GenRequest) -> dict[str, str]:
+        return {"x-compute-type": "gpu+optimized", "x-compute-characters": str(len(req.inputs))} | NO_BUFFERING
+
+    async def native_sse(self, req: GenRequest, fault: str | None) -> AsyncGenerator[bytes]:
+        async with aclosing(self.stream_internal(req, fault)) as events:
+            async for ev in events:
+                yield b":\n\n" if ev is None else sse(ev.body() if isinstance(ev, TGIError) else ev)
+
+    async def openai_sse(self, reqs: list[GenRequest], fault: str | None, render: Render) -> AsyncGenerator[bytes]:
+        """Chat/completions streams: ``render(i, event)`` gives the chunks; errors in OpenAI shape; then [DONE]."""
+        for i, req in enumerate(reqs):  # the router interleaves several prompts; here they take turns
+            async with aclosing(self.stream_internal(req, fault if i == 0 else None)) as events:
+                async for ev in events:
+                    if ev is None:
+                        yield b":\n\n"
+                    elif isinstance(ev, TGIError):
+                        yield sse({"error": {"message": ev.message, "http_status_code": 422}})
+                    else:
+                        for chunk in render(i, ev):
+                            yield sse(chunk)
+        yield b"data:[DONE]\n\n"
+
+    async def native(self, request: Request) -> Response:
+        """/generate, /generate_stream and the compat route /."""
+        path = request.url.path
+        try:
+            body = await read_json(request)
+            req = GenRequest.parse(body, compat=path == "/")
+        except BadBody as exc:
+            return rejected(exc)
+        if path == "/" and req.return_full_text is None:
+            req.return_full_text = True  # the model's pipeline tag is text-generation
+        fault = self.take_fault()
+        if path == "/generate_stream" or (path == "/" and body.get("stream")):
+            return SSEResponse(self.native_sse(req, fault), self.stream_headers(req))
+        try:
+            headers, _, out = await self.generate_internal(req, fault)
+        except TGIError as exc:
+            return json_response(exc.body(), STATUS.get(exc.kind, 500))
+        return json_response([out] if path == "/" else out, headers=headers)
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = check(await read_json(request), CHAT_SPEC, required=("messages",))
+            opts = check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
+        except BadBody as exc:
+            return rejected(exc)
+        self.count("tgi_request_count")
+        model = self.model_id if body.get("model") in (None, "tgi") else body["model"]
+        try:
+            prompt = self.engine.render_chat([flatten(m) for m in body["messages"]])
+        except Exception as exc:
+            return json_response(self.fail(TGIError("template_error", f"Template error: {exc}")).body(), 422)
+        presence, max_tokens = body.get("presence_penalty"), body.get("max_tokens", body.get("max_completion_tokens"))
+        req = oai_request(body, prompt, max_tokens, None if presence is None else presence + 2.0)
+        req.top_n_tokens, fault = body.get("top_logprobs"), self.take_fault()
+        head = {"id": "", "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
+
+        def render(_: int, ev: dict[str, Any]) -> list[dict[str, Any]]:
+            tok, d, kind = ev["token"], ev["details"], {"object": "chat.completion.chunk"}
+            delta = {"role": "assistant", "content": "" if tok["special"] else tok["text"]}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d and openai_finish(d)}
+            chunks = [kind | head | {"choices": [choice], "usage": None}]
+            if d and opts.get("include_usage"):
+                chunks.append(kind | head | {"choices": [], "usage": usage(d["input_length"], d)})
+            return chunks
+
+        if body.get("stream"):
+            return SSEResponse(self.openai_sse([req], fault, render), self.stream_headers(req))
+        try:
+            headers, n_in, out = await self.generate_internal(req, fault)
+        except TGIError as exc:
+            return json_response(exc.body(), STATUS.get(exc.kind, 500))
+        message = {"role": "assistant", "content": out["generated_text"]}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": openai_finish(out["details"])}
+        answer = {"object": "chat.completion"} | head | {"choices": [choice], "usage": usage(n_in, out["details"])}
+        return json_response(answer, headers=headers)
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = check(await read_json(request), COMPLETION_SPEC, required=("prompt",))
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            if not prompts or not all(isinstance(p, str) for p in prompts):
+                why = "did not match any variant of untagged enum PromptDeserializer"
+                raise BadBody(f"{DESERIALIZE}prompt: {'Empty array detected' if not prompts else why}")
+        except BadBody as exc:
+            return rejected(exc)
+        self.count("tgi_request_count")
+        if body.get("suffix") is not None:
+            msg = "Suffix is not supported and can be achieved by preprocessing the prompt."
+            return json_response(self.fail(TGIError("suffix not supported", msg)).body(), 422)
+        if len(prompts) > 4:
+            msg = "Number of prompts exceeds the maximum allowed batch size of 4"
+            return json_response(self.fail(TGIError("batch size exceeded", msg)).body(), 422)
+        reqs = [oai_request(body, p, body.get("max_tokens"), body.get("repetition_penalty")) for p in prompts]
+        fault, head = self.take_fault(), {"object": "text_completion", "id": "", "created": int(time.time())}
+        tail = {"model": self.model_id, "system_fingerprint": FINGERPRINT}
+
+        def render(i: int, ev: dict[str, Any]) -> list[dict[str, Any]]:
+            d = ev["details"]  # the last event becomes a CompletionFinal whose finish reason stays unmapped
+            choice = {"index": i, "text": ev["token"]["text"], "logprobs": None}
+            choice["finish_reason"] = d["finish_reason"] if d else ""
+            if d is None:
+                return [head | {"choices": [choice]} | tail]
+            return [head | tail | {"choices": [choice], "usage": usage(d["input_length"], d)}]
+
+        if body.get("stream"):
+            return SSEResponse(self.openai_sse(reqs, fault, render), self.stream_headers(reqs[0]))
+        choices, totals = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for i, req in enumerate(reqs):
+            try:
+                _, n_in, out = await self.generate_internal(req, fault if i == 0 else None)
+            except TGIError as exc:
+                return json_response(exc.body(), STATUS.get(exc.kind, 500))
+            totals = {k: totals[k] + v for k, v in usage(n_in, out["details"]).items()}
+            finish = openai_finish(out["details"])
+            choices.append({"index": i, "text": out["generated_text"], "logprobs": None, "finish_reason": finish})
+        return json_response(head | tail | {"choices": choices, "usage": totals})
+
+    async def health(self, request: Request) -> Response:
+        if self.control.healthy:
+            return Response(status_code=200)
+        return json_response({"error": "unhealthy", "error_type": "healthcheck"}, 503)
+
+    async def info(self, request: Request) -> Response:
+        info: dict[str, Any] = {"model_id": self.model_id, "model_sha": None, "model_pipeline_tag": "text-generation"}
+        info |= {"max_concurrent_requests": 128, "max_best_of": 2, "max_stop_sequences": 4}
+        info |= {"max_input_tokens": self.max_input, "max_total_tokens": self.max_total, "validation_workers": 2}
+        info |= {"max_client_batch_size": 4, "router": "text-generation-router", "version": VERSION}
+        return json_response(info | {"sha": None, "docker_label": None})
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.model_id, "object": "model", "created": 0, "owned_by": self.model_id}
+        return json_response({"object": "list", "data": [model]})
+
+    async def metrics(self, request: Request) -> Response:
+        """metrics-exporter-prometheus text: counters keep their bare names; a blank line ends each family."""
+        out: list[str] = []
+        for name in sorted({n for n, _ in self.counters}):
+            samples = [
+                f'{n}{{err="{lab}"}} {v}' if lab else f"{n} {v}" for (n, lab), v in self.counters.items() if n == name
+            ]
+            out += [f"# TYPE {name} counter", *samples, ""]
+        for name, value in (("tgi_batch_current_size", self.engine.active_streams), ("tgi_queue_size", self.queued)):
+            out += [f"# TYPE {name} gauge", f"{name} {value}", ""]
+        for name, hist in sorted(self.hists.items()):
+            out += hist.lines(name) if hist.count else []
+        return PlainTextResponse("\n".join(out) + "\n")
+
+
+Render = Callable[[int, dict[str, Any]], list[dict[str, Any]]]
+
+
+class SSEResponse(StreamingResponse):
+    """axum's Sse headers; the generator (so the engine stream) is closed however the response ends."""
+
+    def __init__(self, gen: AsyncGenerator[bytes], headers: dict[str, str]) -> None:
+        super().__init__(gen, headers={"content-type": "text/event-stream", "cache-control": "no-cache"} | headers)
+        self.gen = gen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.gen.aclose()
+
+
+def flatten(message: Any) -> dict[str, Any]:
+    """TextMessage::from(Message): text chunks joined, images as markdown links."""
+    content = message.get("content", "")
+    if isinstance(content, list):
+        parts = (c.get("text", "") if c.get("type") == "text" else f"![]({c['image_url']['url']})" for c in content)
+        content = "".join(parts)
+    return {"role": message["role"], "content": content}
+
+
+def openai_finish(details: dict[str, Any]) -> str:
+    return "stop" if details["finish_reason"] == "eos_token" else str(details["finish_reason"])
+
+
+def usage(prompt_tokens: int, details: dict[str, Any]) -> dict[str, int]:
+    n = details["generated_tokens"]
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+
+
+def create_app(
+    engine: TinyEngine,
+    control: FakeControl,
+    *,
+    model_id: str = "enginegate-demo",
+    max_input_tokens: int = 1024,
+    max_total_tokens: int = 2048,
+) -> Starlette:
+    tgi = FakeTGI(engine, control, model_id, max_input_tokens, max_total_tokens)
+    posts = {"/": tgi.native, "/generate": tgi.native, "/generate_stream": tgi.native}
+    posts |= {"/v1/chat/completions": tgi.chat, "/v1/completions": tgi.completions}
+    gets = {"/": tgi.health, "/health": tgi.health, "/ping": tgi.health, "/info": tgi.info}
+    gets |= {"/v1/models": tgi.models, "/metrics": tgi.metrics}
+    routes = [Route(p, f, methods=["POST"]) for p, f in posts.items()]
+    return Starlette(routes=routes + [Route(p, f, methods=["GET"]) for p, f in gets.items()])
