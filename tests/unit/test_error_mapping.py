@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import httpx2  # the HTTP library the openai client is built on (openai >= 3)
 import openai
 import pytest
 
@@ -103,7 +103,8 @@ def test_every_kind_becomes_the_openai_error_the_client_expects(
 ) -> None:
     api = from_backend(BackendError(kind, "boom", retry_after=1.0 if kind is ErrorKind.OVERLOADED else None))
     assert api.status == status
-    response = httpx.Response(status, json=api.body(), request=httpx.Request("POST", "http://x/v1/chat/completions"))
+    request = httpx2.Request("POST", "http://x/v1/chat/completions")
+    response = httpx2.Response(status, json=api.body(), request=request)
     client = openai.OpenAI(api_key="x", base_url="http://x/v1")
     err = client._make_status_error_from_response(response)
     assert isinstance(err, exc)
