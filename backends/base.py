@@ -99,6 +99,14 @@ class BackendError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.retryable = _RETRYABLE[kind] if retryable is None else retryable
+        self.failures: list[tuple[str, BackendError]] = []
+        """Set by dispatch on the error it raises: every (backend, error) attempt that failed."""
+
+    @property
+    def engine_fault(self) -> bool:
+        """The engine or the way to it failed (counts against its circuit breaker); a bad request or
+        an overload does not."""
+        return self.kind in (ErrorKind.CONNECT, ErrorKind.TIMEOUT, ErrorKind.UPSTREAM, ErrorKind.PROTOCOL)
 
 
 @dataclass(frozen=True, slots=True)

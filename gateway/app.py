@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
-import time
+import signal
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
@@ -18,26 +18,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admin import routes as admin_routes
 from gateway.completions import complete
-from gateway.config import GatewayConfig, LoadedConfig
+from gateway.config import LoadedConfig
+from gateway.engines import BackendFactory, build_backend
 from gateway.errors import ApiError, model_not_found
-from gateway.fleet import BackendFactory, Fleet, build_backend
-from gateway.metrics import Metrics
-from routing.types import Rules
+from gateway.state import AppState
 
 log = logging.getLogger("enginegate.app")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
-
-
-@dataclass
-class AppState:
-    config: GatewayConfig
-    fleet: Fleet
-    rules: Rules
-    metrics: Metrics
-    model_names: frozenset[str]
-    started: int
 
 
 class RequestIdMiddleware:
@@ -73,17 +63,8 @@ def json_response(doc: object, status: int = 200, headers: dict[str, str] | None
 
 
 def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:
-    config = loaded.config
-    backends = {b.name: backend_factory(b, loaded) for b in config.backends}
-    fleet = Fleet(backends, config.limits.health_interval_s)
-    state = AppState(
-        config=config,
-        fleet=fleet,
-        rules=Rules(max_attempts=config.routing.max_attempts),
-        metrics=Metrics(backends, (m.name for m in config.models)),
-        model_names=frozenset(m.name for m in config.models),
-        started=int(time.time()),
-    )
+    state = AppState(loaded, backend_factory)
+    fleet = state.fleet
 
     async def chat_completions(request: Request) -> Response:
         return await complete(request, state, chat=True)
@@ -95,11 +76,12 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         return {"id": name, "object": "model", "created": state.started, "owned_by": "enginegate"}
 
     async def list_models(request: Request) -> Response:
-        return json_response({"object": "list", "data": [model_doc(m) for m in sorted(state.model_names)]})
+        names = sorted(state.runtime.model_names)
+        return json_response({"object": "list", "data": [model_doc(m) for m in names]})
 
     async def get_model(request: Request) -> Response:
         name = request.path_params["model"]
-        if name not in state.model_names:
+        if name not in state.runtime.model_names:
             raise model_not_found(name)
         return json_response(model_doc(name))
 
@@ -146,9 +128,21 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await fleet.start()
+        loop = asyncio.get_running_loop()
+        reloads: set[asyncio.Task[list[str]]] = set()
+
+        def on_sighup() -> None:
+            task = loop.create_task(state.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # signals: main thread only
+            loop.add_signal_handler(signal.SIGHUP, on_sighup)
         try:
             yield
         finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGHUP)
             await fleet.aclose()
 
     app = Starlette(
@@ -160,6 +154,7 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            *admin_routes(state),
         ],
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from backends.base import BackendError, Usage
 from gateway import dispatch
 from gateway.errors import ApiError, from_backend, model_not_found
+from gateway.fleet import Fleet
 from gateway.openai_api import (
     ChatBody,
     CompletionBody,
@@ -34,7 +35,7 @@ from routing.policy import choose
 from routing.types import Decision, Reason
 
 if TYPE_CHECKING:
-    from gateway.app import AppState
+    from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
 
@@ -56,6 +57,17 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _no_candidates(decision: Decision, model: str) -> ApiError:
     if decision.reason is Reason.NO_BACKEND_FOR_MODEL:
         return model_not_found(model)
+    if decision.reason is Reason.BUDGET_UNMEETABLE:
+        return ApiError(
+            429,
+            f"No backend serving `{model}` is predicted to meet this request's latency budget.",
+            type="rate_limit_error",
+            code="budget_unmeetable",
+            retry_after=decision.retry_after_s or 1.0,
+        )
+    if decision.reason is Reason.NOTHING_FITS:
+        why = "; ".join(f"{name}: {text}" for name, text in decision.excluded.items())
+        return ApiError(400, f"No backend can hold this request for `{model}` ({why}).", code="context_length_exceeded")
     return ApiError(
         503,
         f"No healthy backend serves `{model}` right now.",
@@ -65,47 +77,89 @@ def _no_candidates(decision: Decision, model: str) -> ApiError:
     )
 
 
+class Outcome:
+    """Times one committed answer and reports it to the fleet: TTFT and per-token time feed the
+    estimator, engine failures the circuit breaker."""
+
+    def __init__(self, fleet: Fleet, committed: dispatch.Committed, decision: Decision, dispatched: float) -> None:
+        self.fleet = fleet
+        self.backend = committed.backend
+        self.ttft_s = time.perf_counter() - dispatched
+        predicted = next((c.prediction.ttft_ms for c in decision.candidates if c.backend == self.backend), None)
+        self.predicted_ttft_ms = predicted if predicted is not None else self.ttft_s * 1000
+        self.first_at = time.perf_counter()
+        for name, exc in committed.failures:
+            if exc.engine_fault:
+                fleet.failed(name)
+        fleet.begin(self.backend)
+
+    def done(self, usage: Usage | None, error: BackendError | None = None) -> None:
+        self.fleet.end(self.backend)
+        if error is not None:
+            if error.engine_fault:
+                self.fleet.failed(self.backend)
+            return
+        tokens = usage.completion_tokens if usage else 0
+        tpot_ms = (time.perf_counter() - self.first_at) * 1000 / (tokens - 1) if tokens > 1 else None
+        self.fleet.succeeded(self.backend, self.predicted_ttft_ms, self.ttft_s * 1000, tpot_ms)
+
+
 async def complete(request: Request, state: AppState, chat: bool) -> Response:
     started = time.perf_counter()
     request_id: str = request.scope["enginegate.request_id"]
-    raw = await read_body(request, state.config.limits.max_body_bytes)
+    rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
+    limits = rt.config.limits
+    raw = await read_body(request, limits.max_body_bytes)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
     body = parse_body(ChatBody if chat else CompletionBody, data)
-    gen = to_generation(body, request_id, state.config.limits.max_tokens, state.config.limits.max_messages)
-    if gen.model not in state.model_names:
+    gen = to_generation(body, request_id, limits.max_tokens, limits.max_messages)
+    if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     try:
         feats = features(gen.model, prompt_texts(gen), gen.max_tokens, bool(body.stream), request.headers)
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-    decision = choose(feats, state.fleet.snapshot(), state.rules)
-    if not decision.candidates:
+    decision = choose(feats, state.fleet.snapshot(), rt.rules)
+    state.metrics.decision(decision.reason.value)
+    if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     shape = ResponseShape(chat, request_id, gen.model, include_usage)
     headers = {"x-enginegate-route": decision.reason.value}
+    if decision.rule:
+        headers["x-enginegate-rule"] = decision.rule
     before_backend = time.perf_counter() - started
-    timeout = state.config.routing.first_token_timeout_s
+    timeout = rt.config.routing.first_token_timeout_s
+    dispatched = time.perf_counter()
     try:
         committed = await until_disconnect(
             dispatch.start(decision, state.fleet.backends, gen, timeout), request.receive
         )
     except BackendError as exc:
+        for name, failure in exc.failures:
+            if failure.engine_fault:
+                state.fleet.failed(name)
         state.metrics.request(chat, gen.model, "none", "error")
         raise from_backend(exc) from None
+    outcome = Outcome(state.fleet, committed, decision, dispatched)
     headers["x-enginegate-backend"] = committed.backend
     if body.stream:
         headers["x-enginegate-overhead-ms"] = f"{before_backend * 1000:.3f}"
-        return SSEResponse(_events(committed, shape, state, chat), headers)
+        return SSEResponse(_events(committed, shape, state, chat, outcome), headers)
     try:
         text, finish, usage = await until_disconnect(_collect(committed), request.receive)
         backend_done = time.perf_counter()
     except BackendError as exc:
+        outcome.done(None, exc)
         state.metrics.request(chat, gen.model, committed.backend, "error")
         raise from_backend(exc) from None
+    except BaseException:
+        outcome.done(None)
+        raise
+    outcome.done(usage)
     payload = orjson.dumps(shape.whole(text, finish, usage))
     state.metrics.request(chat, gen.model, committed.backend, "ok")
     overhead = before_backend + (time.perf_counter() - backend_done)
@@ -128,10 +182,11 @@ async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usag
 
 
 async def _events(
-    committed: dispatch.Committed, shape: ResponseShape, state: AppState, chat: bool
+    committed: dispatch.Committed, shape: ResponseShape, state: AppState, chat: bool, outcome: Outcome
 ) -> AsyncIterator[bytes]:
-    outcome = "cancelled"
+    result = "cancelled"
     usage: Usage | None = None
+    failure: BackendError | None = None
     try:
         opening = shape.role_chunk()
         if opening is not None:
@@ -143,18 +198,19 @@ async def _events(
                 yield event(doc)
         if shape.include_usage:
             yield event(shape.usage_chunk(usage))
-        outcome = "ok"
+        result = "ok"
     except BackendError as exc:
-        outcome = "error"
+        result, failure = "error", exc
         log.warning("stream failed after commit", extra={"backend": committed.backend, "kind": exc.kind.value})
         yield event(from_backend(exc).body())
     except Exception:  # never a silent close: the client gets an error event and [DONE]
-        outcome = "error"
+        result = "error"
         log.exception("stream failed after commit", extra={"backend": committed.backend})
         yield event(
             ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error").body()
         )
     finally:
         await committed.aclose()
-        state.metrics.request(chat, shape.model, committed.backend, outcome)
+        outcome.done(usage if result == "ok" else None, failure)
+        state.metrics.request(chat, shape.model, committed.backend, result)
     yield DONE

@@ -9,6 +9,7 @@ files exist, and raises ``ConfigError`` listing every problem as
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -43,12 +44,30 @@ class ModelConfig(_Strict):
     gguf: str | None = None
     """A llama GGUF file (relative to this config file); the in-process engines load it."""
     params_b: float | None = Field(default=None, gt=0)
+    """Billions of parameters; read from the GGUF when there is one."""
+    dtype: Literal[
+        "fp32", "fp16", "bf16", "fp8", "int8", "int4", "awq", "gptq", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0"
+    ] = "bf16"
     context: int | None = Field(default=None, ge=1)
+    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    """KV-cache bytes per token; default: from the GGUF, else an estimate from the parameter count."""
     chat_template: str | None = None
     """Jinja chat template for engines that take raw text; default: the GGUF's, else ChatML."""
 
 
-class CTranslate2Config(_Strict):
+class _Placement(_Strict):
+    """Where a backend runs and what it costs: the routing estimates start from these."""
+
+    gpu: str = "CPU"
+    """A GPU from the catalog (A10G, L4, A100-40GB, A100-80GB, H100, H200, or gpus: below), or CPU."""
+    gpu_count: int = Field(default=1, ge=1, le=64)
+    memory_gb: float | None = Field(default=None, gt=0)
+    """Memory for weights and KV cache; default: the GPUs' total (CPU backends: 16)."""
+    cost_per_hour: float = Field(default=0.0, ge=0)
+    pool: Name | None = None
+
+
+class CTranslate2Config(_Placement):
     name: Name
     engine: Literal["ctranslate2"]
     model: Name
@@ -57,7 +76,7 @@ class CTranslate2Config(_Strict):
     max_queue: int = Field(default=64, ge=0)
 
 
-class LlamaCppConfig(_Strict):
+class LlamaCppConfig(_Placement):
     name: Name
     engine: Literal["llama_cpp"]
     model: Name
@@ -66,7 +85,7 @@ class LlamaCppConfig(_Strict):
     max_queue: int = Field(default=64, ge=0)
 
 
-class _HttpEngine(_Strict):
+class _HttpEngine(_Placement):
     """An engine deployment reached over HTTP."""
 
     name: Name
@@ -134,15 +153,79 @@ ENGINES = (
 )  # fmt: skip
 
 
+class Range(_Strict):
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, ge=0)
+
+
+class MatchConfig(_Strict):
+    models: list[str] = []
+    """Glob patterns of model names."""
+    ttft_budget_ms: Range = Range()
+    latency_budget_ms: Range = Range()
+    tenants: list[str] = []
+    """Matched against the x-tenant header."""
+    headers: dict[str, str] = {}
+    """Exact values of x-tenant, x-priority, x-enginegate-pool or x-enginegate-class."""
+
+
+class RuleConfig(_Strict):
+    name: Name
+    match: MatchConfig = MatchConfig()
+    prefer: list[Name] = []
+    avoid: list[Name] = []
+    require: list[Name] = []
+    max_attempts: int | None = Field(default=None, ge=1, le=16)
+    hedging: bool | None = None
+    mode: Literal["best_effort", "strict"] | None = None
+    default_ttft_budget_ms: float | None = Field(default=None, gt=0)
+    default_latency_budget_ms: float | None = Field(default=None, gt=0)
+
+
+class WeightsConfig(_Strict):
+    budget: float = Field(default=1.0, ge=0)
+    cost: float = Field(default=0.2, ge=0)
+    load: float = Field(default=0.2, ge=0)
+    affinity: float = Field(default=0.1, ge=0)
+
+
 class RoutingConfig(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=16)
     first_token_timeout_s: float = Field(default=60.0, gt=0)
+    mode: Literal["best_effort", "strict"] = "best_effort"
+    """strict: a request no backend can serve within its budget gets 429 with Retry-After."""
+    hedging: bool = False
+    weights: WeightsConfig = WeightsConfig()
+    stale_after_s: float = Field(default=15.0, gt=0)
+    """Engine load older than this is ignored in favour of the gateway's own in-flight count."""
+    rules: list[RuleConfig] = []
+
+
+class GpuConfig(_Strict):
+    name: Name
+    memory_gb: float = Field(gt=0)
+    bandwidth_gbs: float = Field(gt=0)
+    tflops: float = Field(gt=0)
+
+
+class EfficiencyConfig(_Strict):
+    prefill_mfu: float = Field(gt=0, le=1)
+    decode_mbu: float = Field(gt=0, le=1)
+    overhead_ms: float = Field(ge=0)
+
+
+class AdminConfig(_Strict):
+    api_key_env: str | None = None
+    """Environment variable holding the admin key; without it the /admin endpoints are off."""
 
 
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
     limits: LimitsConfig = LimitsConfig()
     routing: RoutingConfig = RoutingConfig()
+    admin: AdminConfig = AdminConfig()
+    gpus: list[GpuConfig] = []
+    engine_efficiency: dict[str, EfficiencyConfig] = {}
     models: list[ModelConfig] = Field(min_length=1)
     backends: list[BackendConfig] = Field(min_length=1)
 
@@ -162,6 +245,21 @@ class GatewayConfig(_Strict):
                 errors.append(f"backends[{i}].model: unknown model {b.model!r} (known: {', '.join(models)})")
             elif model.gguf is None and isinstance(b, CTranslate2Config | LlamaCppConfig):
                 errors.append(f"backends[{i}].model: {b.engine} runs in process and needs models[].gguf")
+        from routing.catalog import GPUS
+
+        gpus = set(GPUS) | {g.name for g in self.gpus}
+        names = {b.name for b in self.backends} | {b.pool for b in self.backends if b.pool}
+        for i, b in enumerate(self.backends):
+            if b.gpu not in gpus:
+                errors.append(f"backends[{i}].gpu: unknown GPU {b.gpu!r} (known: {', '.join(sorted(gpus))})")
+        for i, r in enumerate(self.routing.rules):
+            for key in ("prefer", "avoid", "require"):
+                for target in getattr(r, key):
+                    if target not in names:
+                        errors.append(f"routing.rules[{i}].{key}: {target!r} is neither a backend nor a pool")
+        for engine in self.engine_efficiency:
+            if engine not in ENGINES:
+                errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")
         if errors:
             raise ValueError("; ".join(errors))
         return self
@@ -219,6 +317,11 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _parse_path(path: str) -> tuple[Any, ...]:
+    """``backends[0].gpu`` -> ("backends", 0, "gpu")."""
+    return tuple(int(i) if i else k for k, i in re.findall(r"([A-Za-z_][\w-]*)|\[(\d+)\]", path))
+
+
 def _line(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int:
     while loc and loc not in lines:
         loc = loc[:-1]
@@ -251,6 +354,13 @@ def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, di
                 loc = (*loc, "engine")
                 ctx = err.get("ctx", {})
                 msg = f"unknown engine {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            elif err["type"] == "value_error" and not loc:
+                # Cross-field checks name their own key paths: "backends[0].gpu: ...; routing.rules[1]...: ..."
+                for part in msg.removeprefix("Value error, ").split("; "):
+                    path, _, text = part.partition(": ")
+                    where = _parse_path(path)
+                    problems.append(f"{source}:{_line(lines, where)}: {path}: {text}")
+                continue
             elif err["type"] == "value_error":
                 msg = msg.removeprefix("Value error, ")
             problems.append(f"{source}:{_line(lines, loc)}: {_dotted(loc)}: {msg}")

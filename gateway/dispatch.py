@@ -60,10 +60,13 @@ async def start(
     request: GenerationRequest,
     first_token_timeout: float,
 ) -> Committed:
-    """Commit to the first candidate that produces content; raise the last error if none does."""
+    """Commit to the first candidate that produces content; raise the last error if none does.
+    ``BackendError.failures`` (set on the raised error) lists every failed attempt."""
     failures: list[tuple[str, BackendError]] = []
-    for candidate in decision.candidates:
-        backend = backends[candidate.backend]
+    for candidate in decision.candidates[: decision.max_attempts]:
+        backend = backends.get(candidate.backend)
+        if backend is None:  # retired by a reload since the decision
+            continue
         stream = backend.generate(request)
         try:
             head = await _first_content(stream, first_token_timeout, backend.name)
@@ -75,6 +78,7 @@ async def start(
                 extra={"request_id": request.request_id, "backend": backend.name, "kind": exc.kind.value},
             )
             if not exc.retryable:
+                exc.failures = failures
                 raise
             continue
         except Exception as exc:  # an adapter bug: the next backend may still answer
@@ -86,9 +90,9 @@ async def start(
             await _close(stream)
             raise
         return Committed(backend.name, head, stream, failures)
-    if failures:
-        raise failures[-1][1]
-    raise BackendError(ErrorKind.CONNECT, "no backend could be tried")
+    last = failures[-1][1] if failures else BackendError(ErrorKind.CONNECT, "no backend could be tried")
+    last.failures = failures
+    raise last
 
 
 async def _close(stream: AsyncIterator[Chunk]) -> None:

@@ -1,159 +1,158 @@
-"""The running fleet: backends built from config, and their health and load as last seen.
+"""The running fleet: one entry per backend with what the gateway knows about it now.
 
-A poller asks every backend for health and load on an interval (never a
-billed completion); routing reads the last answers as a ``FleetSnapshot``.
+A poller asks every backend for health and load on an interval (never a billed
+completion). Requests report their outcome: time to first token and per token
+feed the estimator, failures the circuit breaker. Routing reads it all as a
+``FleetSnapshot``. ``reconcile`` builds the entries of a new config, keeping
+backends whose settings did not change (their connection pools, learned
+estimates and breakers survive), and hands back the ones to retire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from backends.base import Backend, Health, Load
-from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
-from backends.gguf_file import read_gguf
-from backends.http_base import HttpSettings
-from backends.llama_server import LlamaServerBackend
-from backends.tgi import TgiBackend, TgiMessagesBackend
-from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
-from backends.vllm import VLLMBackend
-from gateway.config import (
-    BackendConfig,
-    ConfigError,
-    CTranslate2Config,
-    HttpEngineConfig,
-    LlamaCppConfig,
-    LoadedConfig,
-    MiiRestConfig,
-    TritonTrtllmConfig,
-)
-from routing.types import BackendState, FleetSnapshot
+from gateway.breaker import CircuitBreaker
+from gateway.catalog import model_specs, profile
+from gateway.config import BackendConfig, ConfigError, LoadedConfig
+from gateway.engines import BackendFactory
+from routing.estimator import observe
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed
 
 log = logging.getLogger("enginegate.fleet")
 
-BackendFactory = Callable[[BackendConfig, LoadedConfig], Backend]
+
+@dataclass
+class Entry:
+    config: BackendConfig
+    backend: Backend
+    profile: BackendProfile
+    health: Health = field(default_factory=lambda: Health(ok=False, detail="not polled yet"))
+    load: Load | None = None
+    load_at: float = 0.0
+    observed: Observed = field(default_factory=Observed)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    in_flight: int = 0
 
 
-# Engines whose adapter needs nothing beyond the common HTTP settings.
-_PLAIN_HTTP: dict[str, Callable[[str, str, HttpSettings], Backend]] = {
-    "vllm": VLLMBackend,
-    "trtllm_serve": TrtllmServeBackend,
-    "tgi": TgiBackend,
-    "tgi_messages": TgiMessagesBackend,
-    "mii_openai": MiiOpenAIBackend,
-    "llama_server": LlamaServerBackend,
-}
-
-
-def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:
-    model = loaded.model(cfg.model)
-    template = model.chat_template
-    if template is None and model.gguf is not None:
-        template = read_gguf(loaded.resolve(model.gguf)).vocab.chat_template
-    api_key = None
-    if cfg.api_key_env:
-        api_key = os.environ.get(cfg.api_key_env)
-        if api_key is None:
-            raise ConfigError([f"{loaded.path}: backend {cfg.name}: environment variable {cfg.api_key_env} is not set"])
-    return HttpSettings(
-        url=cfg.url,
-        served_model=cfg.served_model or cfg.model,
-        api_key=api_key,
-        connect_timeout_s=cfg.connect_timeout_s,
-        read_timeout_s=cfg.read_timeout_s,
-        max_connections=cfg.max_concurrency,
-        chat_template=template,
-        default_max_tokens=cfg.default_max_tokens,
-    )
-
-
-def _http_backend(cfg: HttpEngineConfig, loaded: LoadedConfig) -> Backend:
-    settings = _http_settings(cfg, loaded)
-    if isinstance(cfg, TritonTrtllmConfig):
-        return TritonTrtllmBackend(cfg.name, cfg.model, settings, triton_model=cfg.triton_model)
-    if isinstance(cfg, MiiRestConfig):
-        return MiiRestBackend(cfg.name, cfg.model, settings, deployment=cfg.deployment)
-    return _PLAIN_HTTP[cfg.engine](cfg.name, cfg.model, settings)
-
-
-def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
-    """The real engines; tests pass their own factory to ``create_app`` for contract fakes."""
-    if not isinstance(cfg, CTranslate2Config | LlamaCppConfig):
-        return _http_backend(cfg, loaded)
-    model = loaded.model(cfg.model)
-    assert model.gguf is not None  # checked by config validation
-    gguf = loaded.resolve(model.gguf)
-    if isinstance(cfg, CTranslate2Config):
-        from backends.ctranslate2_engine import CTranslate2Backend
-
-        return CTranslate2Backend(
-            cfg.name,
-            model.name,
-            gguf,
-            loaded.cache_dir,
-            threads=cfg.threads,
-            max_concurrency=cfg.max_concurrency,
-            max_queue=cfg.max_queue,
-        )
-    if isinstance(cfg, LlamaCppConfig):
-        try:
-            from backends.llamacpp_engine import LlamaCppBackend
-        except ImportError as exc:
-            raise ConfigError(
-                [
-                    f"{loaded.path}: backend {cfg.name}: llama.cpp is not installed "
-                    f"(pip install 'enginegate[llama]'): {exc}"
-                ]
-            ) from exc
-        return LlamaCppBackend(
-            cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue
-        )
-    raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])
+def reconcile(
+    loaded: LoadedConfig,
+    factory: BackendFactory,
+    current: dict[str, Entry],
+    abandon: Callable[[Entry], None] = lambda entry: None,
+) -> tuple[dict[str, Entry], dict[str, ModelSpec], list[Entry]]:
+    """(entries of the new config, its model specs, entries to retire); nothing changes on error,
+    and backends built before the error are handed to ``abandon``."""
+    models = model_specs(loaded)
+    entries: dict[str, Entry] = {}
+    built: list[Entry] = []
+    try:
+        for cfg in loaded.config.backends:
+            prof = profile(cfg, loaded)
+            old = current.get(cfg.name)
+            if old is not None and old.config == cfg and old.profile == prof:
+                entries[cfg.name] = old
+                continue
+            entry = Entry(cfg, factory(cfg, loaded), prof)
+            built.append(entry)
+            entries[cfg.name] = entry
+    except Exception as exc:
+        for entry in built:
+            abandon(entry)
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError([f"{loaded.path}: cannot start backend: {type(exc).__name__}: {exc}"]) from exc
+    retired = [e for name, e in current.items() if entries.get(name) is not e]
+    return entries, models, retired
 
 
 class Fleet:
-    def __init__(self, backends: Mapping[str, Backend], interval_s: float) -> None:
-        self.backends = dict(backends)
+    def __init__(self, entries: dict[str, Entry], models: dict[str, ModelSpec], interval_s: float, stale_s: float):
+        self.entries = entries
+        self.models = models
         self._interval = interval_s
-        self._health: dict[str, Health] = {name: Health(ok=False, detail="not polled yet") for name in backends}
-        self._load: dict[str, Load | None] = {name: None for name in backends}
-        self._models = {name: frozenset(b.models()) for name, b in backends.items()}
+        self._stale = stale_s
         self._task: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
 
-    def models(self) -> list[str]:
-        return sorted(set().union(*self._models.values()))
+    @property
+    def backends(self) -> dict[str, Backend]:
+        return {name: e.backend for name, e in self.entries.items()}
+
+    def replace(self, entries: dict[str, Entry], models: dict[str, ModelSpec], retired: Iterable[Entry]) -> None:
+        """Swap in a new set of entries; retired backends close once their requests are done."""
+        self.entries, self.models = entries, models
+        for entry in retired:
+            task = asyncio.create_task(self._retire(entry))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, entry: Entry, patience_s: float = 600.0) -> None:
+        deadline = time.monotonic() + patience_s
+        while entry.in_flight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polls a plain counter
+            await asyncio.sleep(0.1)
+        await entry.backend.aclose()
 
     def snapshot(self) -> FleetSnapshot:
+        now = time.monotonic()
         states = []
-        for name in self.backends:
-            load = self._load[name]
+        for e in self.entries.values():
+            fresh = e.load is not None and now - e.load_at <= self._stale
+            breaker, share = e.breaker.current()
             states.append(
                 BackendState(
-                    name=name,
-                    models=self._models[name],
-                    healthy=self._health[name].ok,
-                    running=load.running if load else 0,
-                    waiting=load.waiting if load else 0,
+                    profile=e.profile,
+                    healthy=e.health.ok,
+                    running=e.load.running if fresh and e.load else e.in_flight,
+                    waiting=e.load.waiting if fresh and e.load else 0,
+                    load_fresh=fresh,
+                    kv_cache_usage=e.load.kv_cache_usage if fresh and e.load else None,
+                    breaker=breaker,
+                    recovery=share,
+                    observed=e.observed,
                 )
             )
-        return FleetSnapshot(tuple(states))
+        return FleetSnapshot(tuple(states), self.models)
 
     @property
     def ready(self) -> bool:
-        return any(h.ok for h in self._health.values())
+        return any(e.health.ok for e in self.entries.values())
+
+    def begin(self, name: str) -> None:
+        if (entry := self.entries.get(name)) is not None:
+            entry.in_flight += 1
+
+    def end(self, name: str) -> None:
+        if (entry := self.entries.get(name)) is not None:
+            entry.in_flight = max(0, entry.in_flight - 1)
+
+    def succeeded(self, name: str, predicted_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> None:
+        if (entry := self.entries.get(name)) is not None:
+            entry.observed = observe(entry.observed, predicted_ttft_ms, ttft_ms, tpot_ms)
+            entry.breaker.success()
+
+    def failed(self, name: str) -> None:
+        if (entry := self.entries.get(name)) is not None:
+            entry.breaker.failure()
 
     async def poll_once(self) -> None:
-        async def one(name: str, backend: Backend) -> None:
+        async def one(entry: Entry) -> None:
             try:
-                self._health[name] = await asyncio.wait_for(backend.health(), self._interval)
-                self._load[name] = await asyncio.wait_for(backend.load(), self._interval)
+                entry.health = await asyncio.wait_for(entry.backend.health(), self._interval)
+                load = await asyncio.wait_for(entry.backend.load(), self._interval)
             except Exception as exc:  # a failed probe is an unhealthy backend, not a crash
-                self._health[name] = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
-                log.warning("health probe failed", extra={"backend": name, "error": str(exc)})
+                entry.health = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
+                log.warning("health probe failed", extra={"backend": entry.config.name, "error": str(exc)})
+                return
+            if load is not None:
+                entry.load, entry.load_at = load, time.monotonic()
 
-        await asyncio.gather(*(one(n, b) for n, b in self.backends.items()))
+        await asyncio.gather(*(one(e) for e in list(self.entries.values())))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -168,4 +167,5 @@ class Fleet:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.gather(*(b.aclose() for b in self.backends.values()), return_exceptions=True)
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        await asyncio.gather(*(e.backend.aclose() for e in self.entries.values()), return_exceptions=True)

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping
 
 from routing.types import RequestFeatures
 
 # Without the model's tokenizer at hand: about four characters per token for English text.
 CHARS_PER_TOKEN = 4
-
-
-def estimate_tokens(texts: Iterable[str]) -> int:
-    return sum(len(t) for t in texts) // CHARS_PER_TOKEN + 1
+# Requests whose first characters agree are likely to share an engine's prefix cache.
+PREFIX_CHARS = 256
+# Headers rules may match on: the gateway's own and the client's tenant marker; never credentials.
+RULE_HEADERS = ("x-tenant", "x-priority", "x-enginegate-pool", "x-enginegate-class")
 
 
 class InvalidHeader(ValueError):
     def __init__(self, name: str, raw: str) -> None:
         super().__init__(f"Invalid value for header '{name}': {raw!r} is not a positive number of milliseconds.")
         self.name = name
+
+
+def estimate_tokens(texts: Iterable[str]) -> int:
+    return sum(len(t) for t in texts) // CHARS_PER_TOKEN + 1
 
 
 def _header_ms(headers: Mapping[str, str], *names: str) -> float | None:
@@ -36,8 +41,16 @@ def _header_ms(headers: Mapping[str, str], *names: str) -> float | None:
 
 
 def features(
-    model: str, texts: Iterable[str], max_tokens: int | None, stream: bool, headers: Mapping[str, str]
+    model: str,
+    texts: Iterable[str],
+    max_tokens: int | None,
+    stream: bool,
+    headers: Mapping[str, str],
+    tenant: str | None = None,
 ) -> RequestFeatures:
+    texts = list(texts)
+    prefix = "".join(texts)[:PREFIX_CHARS]
+    priority = headers.get("x-priority", "0")
     return RequestFeatures(
         model=model,
         prompt_tokens=estimate_tokens(texts),
@@ -45,4 +58,9 @@ def features(
         stream=stream,
         latency_budget_ms=_header_ms(headers, "x-latency-budget-ms"),
         ttft_budget_ms=_header_ms(headers, "x-ttft-budget-ms", "x-slo-ttft-ms"),
+        tpot_budget_ms=_header_ms(headers, "x-slo-tpot-ms"),
+        priority=int(priority) if priority.lstrip("-").isdigit() else 0,
+        tenant=tenant or headers.get("x-tenant"),
+        prefix_hash=zlib.crc32(prefix.encode()),
+        headers=tuple((h, headers[h]) for h in RULE_HEADERS if h in headers),
     )

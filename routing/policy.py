@@ -1,22 +1,178 @@
-"""``choose()``: the routing policy, pure and synchronous (filter, score, rank).
+"""``choose()``: the routing policy, pure and synchronous: match a rule, filter, predict, score, rank.
 
-For now the score is the order of the config file among healthy backends that
-serve the model; the routing issue replaces it with latency estimates.
+Scores are weighted sums of terms in [0, 1]: how well the predicted latency
+meets the budget (or, with no budget, how fast it is), cost per request, free
+capacity, and prefix affinity (rendezvous hashing of the prompt prefix, so
+requests sharing a prefix keep reaching the same engine's cache). Backends
+predicted to meet the budget always rank before those that are not.
 """
 
 from __future__ import annotations
 
-from routing.types import Candidate, Decision, FleetSnapshot, Reason, RequestFeatures, Rules
+import fnmatch
+import hashlib
+from dataclasses import replace
+
+from routing.estimator import fit_problem, predict
+from routing.types import (
+    BackendState,
+    Breaker,
+    Candidate,
+    Decision,
+    FleetSnapshot,
+    Mode,
+    ModelSpec,
+    Prediction,
+    Reason,
+    RequestFeatures,
+    Rule,
+    Rules,
+)
+
+DEFAULT_MAX_TOKENS = 256
+"""Output length assumed for predictions when the request does not cap it."""
+
+
+def _in(value: float | None, bounds: tuple[float | None, float | None]) -> bool:
+    low, high = bounds
+    if low is None and high is None:
+        return True
+    if value is None:
+        return False
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def matches(rule: Rule, f: RequestFeatures) -> bool:
+    headers = dict(f.headers)
+    return (
+        (not rule.models or any(fnmatch.fnmatchcase(f.model, m) for m in rule.models))
+        and _in(f.ttft_budget_ms, rule.ttft_budget_ms)
+        and _in(f.latency_budget_ms, rule.latency_budget_ms)
+        and (not rule.tenants or f.tenant in rule.tenants)
+        and all(headers.get(k) == v for k, v in rule.headers)
+    )
+
+
+def _named(state: BackendState, names: tuple[str, ...]) -> bool:
+    return state.name in names or (state.profile.pool is not None and state.profile.pool in names)
+
+
+def _share(key: int, name: str) -> float:
+    """A stable number in [0, 1) for (request key, backend): gates half-open traffic, ranks affinity."""
+    digest = hashlib.blake2b(f"{key}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def _excluded(state: BackendState, rule: Rule | None, f: RequestFeatures, model: ModelSpec, out: int) -> str | None:
+    if not state.healthy:
+        return "unhealthy"
+    if state.breaker is Breaker.OPEN:
+        return "circuit breaker open"
+    if state.breaker is Breaker.HALF_OPEN and _share(f.prefix_hash ^ f.prompt_tokens, state.name) >= state.recovery:
+        return f"recovering: takes {state.recovery:.0%} of traffic"
+    if rule is not None and rule.require and not _named(state, rule.require):
+        return f"rule {rule.name} requires {', '.join(rule.require)}"
+    return fit_problem(model, state, f.prompt_tokens, out)
+
+
+def _meets(p: Prediction, f: RequestFeatures) -> bool:
+    return (
+        (f.ttft_budget_ms is None or p.ttft_ms <= f.ttft_budget_ms)
+        and (f.latency_budget_ms is None or p.e2e_ms <= f.latency_budget_ms)
+        and (f.tpot_budget_ms is None or p.tpot_ms <= f.tpot_budget_ms)
+    )
+
+
+def _budget_ratio(p: Prediction, f: RequestFeatures) -> float | None:
+    """Prediction over budget for the tightest stated budget (above 1: missed), None without budgets."""
+    pairs = ((p.ttft_ms, f.ttft_budget_ms), (p.e2e_ms, f.latency_budget_ms), (p.tpot_ms, f.tpot_budget_ms))
+    ratios = [pred / budget for pred, budget in pairs if budget is not None]
+    return max(ratios) if ratios else None
+
+
+def _budget_term(ratio: float | None, p: Prediction, fastest_e2e: float, closest_miss: float) -> float:
+    """1 down to 0.5 for meeting the budget with less to spare; below 0.5 for missing it, the closest
+    miss scoring 0.5; without a budget, speed relative to the fastest."""
+    if ratio is None:
+        return fastest_e2e / p.e2e_ms if p.e2e_ms > 0 else 1.0
+    return 1 - 0.5 * ratio if ratio <= 1 else 0.5 * closest_miss / ratio
+
+
+def with_rule_defaults(f: RequestFeatures, rule: Rule | None) -> RequestFeatures:
+    if rule is None:
+        return f
+    return replace(
+        f,
+        ttft_budget_ms=f.ttft_budget_ms if f.ttft_budget_ms is not None else rule.default_ttft_budget_ms,
+        latency_budget_ms=f.latency_budget_ms if f.latency_budget_ms is not None else rule.default_latency_budget_ms,
+    )
 
 
 def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> Decision:
-    serving = [b for b in snapshot.backends if features.model in b.models]
-    if not serving:
-        return Decision(Reason.NO_BACKEND_FOR_MODEL)
-    excluded = {b.name: "unhealthy" for b in serving if not b.healthy}
-    healthy = [b for b in serving if b.healthy]
-    if not healthy:
-        return Decision(Reason.NO_HEALTHY_BACKEND, excluded=excluded)
-    n = len(healthy)
-    ranked = tuple(Candidate(b.name, 1.0 - i / n) for i, b in enumerate(healthy[: rules.max_attempts]))
-    return Decision(Reason.FIRST_HEALTHY, ranked, excluded)
+    rule = next((r for r in rules.rules if matches(r, features)), None)
+    f = with_rule_defaults(features, rule)
+    max_attempts = (rule.max_attempts if rule and rule.max_attempts else None) or rules.max_attempts
+    hedging = rule.hedging if rule and rule.hedging is not None else rules.hedging
+    mode = rule.mode if rule and rule.mode is not None else rules.mode
+    name = rule.name if rule else None
+    model = snapshot.models.get(f.model)
+    serving = [b for b in snapshot.backends if f.model in b.profile.models]
+    if model is None or not serving:
+        return Decision(Reason.NO_BACKEND_FOR_MODEL, rule=name, max_attempts=max_attempts)
+    out = f.max_tokens or DEFAULT_MAX_TOKENS
+    excluded: dict[str, str] = {}
+    alive: list[BackendState] = []
+    for state in serving:
+        problem = _excluded(state, rule, f, model, out)
+        if problem is None:
+            alive.append(state)
+        else:
+            excluded[state.name] = problem
+    if not alive:
+        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith("recovering") for r in excluded.values())
+        reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
+        return Decision(reason, excluded=excluded, rule=name, max_attempts=max_attempts)
+
+    predictions = {s.name: predict(model, s, f.prompt_tokens, out) for s in alive}
+    fastest = min(p.e2e_ms for p in predictions.values())
+    cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / s.profile.max_concurrency for s in alive}
+    cheapest = min(cost.values())
+    affine = max(alive, key=lambda s: _share(f.prefix_hash, s.name)).name
+    ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}
+    closest_miss = min((r for r in ratios.values() if r is not None and r > 1), default=1.0)
+    w = rules.weights
+    total = w.budget + w.cost + w.load + w.affinity
+    candidates = []
+    for s in alive:
+        p = predictions[s.name]
+        terms = {
+            "budget": _budget_term(ratios[s.name], p, fastest, closest_miss),
+            "cost": cheapest / cost[s.name] if cost[s.name] > 0 else 1.0,
+            "load": max(0.0, 1 - (s.running + s.waiting) / s.profile.max_concurrency),
+            "affinity": 1.0 if s.name == affine else 0.0,
+        }
+        score = (w.budget * terms["budget"] + w.cost * terms["cost"] + w.load * terms["load"]) / total
+        score += w.affinity * terms["affinity"] / total
+        candidates.append(Candidate(s.name, round(score, 6), p, _meets(p, f), terms))
+
+    states = {s.name: s for s in alive}
+
+    def rank(c: Candidate) -> tuple[int, int, float]:
+        s = states[c.backend]
+        preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
+        return (0 if c.meets_budget else 1, preference, -c.score)
+
+    ranked = tuple(sorted(candidates, key=rank))
+    has_budget = any(b is not None for b in (f.ttft_budget_ms, f.latency_budget_ms, f.tpot_budget_ms))
+    if not has_budget:
+        reason = Reason.NO_BUDGET
+    elif ranked[0].meets_budget:
+        reason = Reason.MEETS_BUDGET
+    elif mode is Mode.STRICT:
+        wait = min(c.prediction.queue_ms for c in ranked) / 1000
+        return Decision(
+            Reason.BUDGET_UNMEETABLE, ranked, excluded, name, max_attempts, hedging, retry_after_s=max(1.0, wait)
+        )
+    else:
+        reason = Reason.BEST_EFFORT
+    return Decision(reason, ranked, excluded, name, max_attempts, hedging)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from routing.catalog import EngineEfficiency, GpuSpec
+
 
 @dataclass(frozen=True, slots=True)
 class RequestFeatures:
@@ -15,46 +17,177 @@ class RequestFeatures:
     stream: bool = False
     latency_budget_ms: float | None = None
     ttft_budget_ms: float | None = None
+    tpot_budget_ms: float | None = None
+    priority: int = 0
     tenant: str | None = None
+    prefix_hash: int = 0
+    """Hash of the rendered prompt's first characters: requests sharing it reuse an engine's prefix cache."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Lower-cased request headers rules may match on (never logged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    params_b: float
+    bytes_per_param: float
+    context: int
+    kv_bytes_per_token: float
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * self.bytes_per_param
+
+
+@dataclass(frozen=True, slots=True)
+class BackendProfile:
+    """What a backend is: fixed by config."""
+
+    name: str
+    engine: str
+    models: frozenset[str]
+    gpu: GpuSpec
+    gpu_count: int
+    memory_gb: float
+    """Memory for weights and KV cache: the GPUs' total, or the host's for CPU backends."""
+    efficiency: EngineEfficiency
+    max_concurrency: int
+    cost_per_hour: float = 0.0
+    pool: str | None = None
+    context: int | None = None
+    """The deployment's own context limit, when smaller than the model's."""
+
+
+class Breaker(enum.Enum):
+    CLOSED = "closed"
+    HALF_OPEN = "half_open"
+    OPEN = "open"
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What traffic taught about one backend: smoothed TTFT error and time per output token."""
+
+    ttft_ratio: float = 1.0
+    """Observed TTFT over predicted (queueing included), smoothed."""
+    tpot_ms: float | None = None
+    samples: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class BackendState:
-    """One backend as routing sees it: what it serves and how it is doing right now."""
+    """One backend as routing sees it now."""
 
-    name: str
-    models: frozenset[str]
-    healthy: bool
+    profile: BackendProfile
+    healthy: bool = True
     running: int = 0
     waiting: int = 0
+    load_fresh: bool = True
+    """False when the engine's metrics are stale: running/waiting are then the gateway's own count."""
+    kv_cache_usage: float | None = None
+    breaker: Breaker = Breaker.CLOSED
+    recovery: float = 1.0
+    """Half-open breakers let this share of traffic through, growing as requests succeed."""
+    observed: Observed = field(default_factory=Observed)
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
 
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
     backends: tuple[BackendState, ...]
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+
+
+class Mode(enum.Enum):
+    BEST_EFFORT = "best_effort"
+    STRICT = "strict"
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """How scores combine: each term is in [0, 1]."""
+
+    budget: float = 1.0
+    cost: float = 0.2
+    load: float = 0.2
+    affinity: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    models: tuple[str, ...] = ()
+    """Glob patterns; empty matches every model."""
+    ttft_budget_ms: tuple[float | None, float | None] = (None, None)
+    latency_budget_ms: tuple[float | None, float | None] = (None, None)
+    tenants: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    prefer: tuple[str, ...] = ()
+    """Backend names or pools ranked first when they qualify."""
+    avoid: tuple[str, ...] = ()
+    """Backend names or pools ranked last."""
+    require: tuple[str, ...] = ()
+    """Only these backend names or pools may serve."""
+    max_attempts: int | None = None
+    hedging: bool | None = None
+    mode: Mode | None = None
+    default_ttft_budget_ms: float | None = None
+    default_latency_budget_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Rules:
+    rules: tuple[Rule, ...] = ()
     max_attempts: int = 3
+    mode: Mode = Mode.BEST_EFFORT
+    hedging: bool = False
+    weights: Weights = field(default_factory=Weights)
 
 
 class Reason(enum.Enum):
-    FIRST_HEALTHY = "first_healthy"
+    MEETS_BUDGET = "meets_budget"
+    """At least one backend is predicted to meet the budget; the best of those leads."""
+    NO_BUDGET = "no_budget"
+    """The request states no budget: fastest and cheapest weighed together."""
+    BEST_EFFORT = "best_effort"
+    """No backend is predicted to meet the budget; the closest leads."""
+    BUDGET_UNMEETABLE = "budget_unmeetable"
+    """Strict mode and no backend can meet the budget: rejected (429)."""
     NO_BACKEND_FOR_MODEL = "no_backend_for_model"
     NO_HEALTHY_BACKEND = "no_healthy_backend"
+    NOTHING_FITS = "nothing_fits"
+    """Backends serve the model but none holds it with this context (memory or context length)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    ttft_ms: float
+    tpot_ms: float
+    e2e_ms: float
+    queue_ms: float
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
     backend: str
     score: float
+    prediction: Prediction
+    meets_budget: bool
+    terms: dict[str, float] = field(default_factory=dict)
+    """Each score term before weighting, for explanations."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Ranked candidates (best first), why, and what was left out."""
+    """Ranked candidates (best first), why, what was left out and the rule that shaped it."""
 
     reason: Reason
     candidates: tuple[Candidate, ...] = ()
     excluded: dict[str, str] = field(default_factory=dict)
+    rule: str | None = None
+    max_attempts: int = 3
+    hedging: bool = False
+    retry_after_s: float | None = None

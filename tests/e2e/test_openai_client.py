@@ -116,7 +116,7 @@ def test_model_list_and_lookup(client: openai.OpenAI) -> None:
 def test_both_engines_give_the_same_greedy_answer(client: openai.OpenAI, model: str, backend: str) -> None:
     raw = client.chat.completions.with_raw_response.create(model=model, messages=HELLO, temperature=0)
     assert raw.headers["x-enginegate-backend"] == backend
-    assert raw.headers["x-enginegate-route"] == "first_healthy"
+    assert raw.headers["x-enginegate-route"] == "no_budget"
     assert raw.headers["x-request-id"]
     assert raw.parse().choices[0].message.content == GREETING_REPLY
     zen = client.completions.create(model=model, prompt=ZEN_PROMPT, temperature=0, max_tokens=60)

@@ -48,9 +48,9 @@ def test_wrong_type_and_unknown_engine_are_reported_together() -> None:
 
 def test_reference_to_unknown_model_and_duplicates() -> None:
     text = GOOD.replace("model: m", "model: nope") + "  - {name: b, engine: llama_cpp, model: m}\n"
-    (found,) = problems(text)
-    assert "backends[1].name: duplicate name 'b'" in found
-    assert "backends[0].model: unknown model 'nope'" in found
+    found = problems(text)
+    assert "f.yaml:9: backends[1].name: duplicate name 'b'" in found
+    assert "f.yaml:8: backends[0].model: unknown model 'nope' (known: m)" in found
 
 
 def test_yaml_syntax_error_has_a_line() -> None:

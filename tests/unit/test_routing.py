@@ -1,50 +1,193 @@
-"""choose(): pure, ranked, explained."""
+"""choose() on hand-built snapshots: the usual engine choices emerge from the estimates.
+
+No engine name appears in the policy; the fleets below give each engine its usual
+hardware (TensorRT-LLM on H100, vLLM on A100, TGI on L4, llama.cpp on CPU) and the
+choices follow from prefill FLOP/s, decode bandwidth, memory, load and cost.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.estimator import observe, predict
 from routing.features import InvalidHeader, features
 from routing.policy import choose
-from routing.types import BackendState, FleetSnapshot, Reason, RequestFeatures, Rules
+from routing.types import (
+    BackendProfile,
+    BackendState,
+    Breaker,
+    FleetSnapshot,
+    Mode,
+    ModelSpec,
+    Observed,
+    Reason,
+    RequestFeatures,
+    Rule,
+    Rules,
+)
+
+LLAMA_8B = ModelSpec("llama-8b", 8, BYTES_PER_PARAM["bf16"], 8192, 131072)
+LLAMA_70B = ModelSpec("llama-70b", 70, BYTES_PER_PARAM["bf16"], 8192, 327680)
+
+
+def backend(
+    name: str, engine: str, gpu: str, count: int = 1, models: tuple[str, ...] = ("llama-8b",), **kw: object
+) -> BackendState:
+    spec = GPUS[gpu]
+    memory = float(kw.pop("memory_gb", spec.memory_gb * count))  # type: ignore[arg-type]
+    profile = BackendProfile(
+        name=name,
+        engine=engine,
+        models=frozenset(models),
+        gpu=spec,
+        gpu_count=count,
+        memory_gb=memory,
+        efficiency=ENGINES[engine],
+        max_concurrency=int(kw.pop("max_concurrency", 64)),  # type: ignore[call-overload]
+        cost_per_hour=float(kw.pop("cost_per_hour", 0.0)),  # type: ignore[arg-type]
+        pool=kw.pop("pool", None),  # type: ignore[arg-type]
+    )
+    return BackendState(profile, **kw)  # type: ignore[arg-type]
+
+
+FLEET = (
+    backend("trt-h100", "trtllm_serve", "H100", cost_per_hour=6.0),
+    backend("vllm-a100", "vllm", "A100-80GB", cost_per_hour=3.0),
+    backend("tgi-l4", "tgi", "L4", cost_per_hour=0.8),
+    backend("llamacpp-cpu", "llama_server", "CPU", memory_gb=64, cost_per_hour=0.2),
+)
 
 
 def snap(*states: BackendState) -> FleetSnapshot:
-    return FleetSnapshot(states)
+    return FleetSnapshot(states, {"llama-8b": LLAMA_8B, "llama-70b": LLAMA_70B})
 
 
-def feats(model: str = "m") -> RequestFeatures:
-    return RequestFeatures(model=model, prompt_tokens=10, max_tokens=5)
+def ask(model: str = "llama-8b", prompt: int = 1000, out: int = 200, **kw: object) -> RequestFeatures:
+    return RequestFeatures(model=model, prompt_tokens=prompt, max_tokens=out, **kw)  # type: ignore[arg-type]
 
 
-def test_healthy_backends_serving_the_model_in_config_order() -> None:
-    fleet = snap(
-        BackendState("x", frozenset({"other"}), True),
-        BackendState("a", frozenset({"m"}), True),
-        BackendState("b", frozenset({"m"}), False),
-        BackendState("c", frozenset({"m"}), True),
+def test_tight_first_token_budget_goes_to_the_h100_running_tensorrt_llm() -> None:
+    decision = choose(ask(ttft_budget_ms=50), snap(*FLEET), Rules())
+    assert decision.reason is Reason.MEETS_BUDGET
+    assert decision.candidates[0].backend == "trt-h100"
+    assert [c.meets_budget for c in decision.candidates] == [True, False, False, False]
+
+
+def test_relaxed_budget_goes_to_a_cheaper_backend_that_still_meets_it() -> None:
+    decision = choose(ask(ttft_budget_ms=2000, latency_budget_ms=20000), snap(*FLEET), Rules())
+    assert decision.reason is Reason.MEETS_BUDGET
+    assert decision.candidates[0].backend != "trt-h100"
+    assert decision.candidates[0].meets_budget
+
+
+def test_seventy_billion_parameters_only_where_the_gpus_hold_them() -> None:
+    big = (
+        backend("vllm-4xa100", "vllm", "A100-80GB", 4, models=("llama-70b",)),
+        backend("vllm-1xa100", "vllm", "A100-80GB", 1, models=("llama-70b",)),
+        backend("tgi-2xl4", "tgi", "L4", 2, models=("llama-70b",)),
     )
-    decision = choose(feats(), fleet, Rules())
-    assert decision.reason is Reason.FIRST_HEALTHY
-    assert [c.backend for c in decision.candidates] == ["a", "c"]
-    assert decision.candidates[0].score > decision.candidates[1].score
-    assert decision.excluded == {"b": "unhealthy"}
+    decision = choose(ask("llama-70b"), snap(*big), Rules())
+    assert [c.backend for c in decision.candidates] == ["vllm-4xa100"]
+    assert "GB" in decision.excluded["vllm-1xa100"] and "GB" in decision.excluded["tgi-2xl4"]
 
 
-def test_attempts_are_capped() -> None:
-    fleet = snap(*(BackendState(str(i), frozenset({"m"}), True) for i in range(5)))
-    assert len(choose(feats(), fleet, Rules(max_attempts=2)).candidates) == 2
+def test_nothing_holds_the_model_is_its_own_reason() -> None:
+    decision = choose(ask("llama-70b"), snap(backend("l4", "tgi", "L4", models=("llama-70b",))), Rules())
+    assert decision.reason is Reason.NOTHING_FITS and not decision.candidates
 
 
-def test_no_backend_and_no_healthy_backend_are_different_reasons() -> None:
-    fleet = snap(BackendState("a", frozenset({"m"}), False))
-    assert choose(feats("z"), fleet, Rules()).reason is Reason.NO_BACKEND_FOR_MODEL
-    assert choose(feats(), fleet, Rules()).reason is Reason.NO_HEALTHY_BACKEND
+def test_without_gpus_requests_go_to_the_cpu_engines() -> None:
+    gpus_down = [replace(b, healthy=False) for b in FLEET[:3]]
+    cpu = backend("ct2-cpu", "ctranslate2", "CPU", memory_gb=32)
+    decision = choose(ask(prompt=100, out=50), snap(*gpus_down, FLEET[3], cpu), Rules())
+    assert {c.backend for c in decision.candidates} == {"llamacpp-cpu", "ct2-cpu"}
+    assert decision.excluded == {"trt-h100": "unhealthy", "vllm-a100": "unhealthy", "tgi-l4": "unhealthy"}
+
+
+def test_a_loaded_backend_loses_traffic_to_an_idle_one() -> None:
+    twins = [backend(f"vllm-{i}", "vllm", "A100-80GB", max_concurrency=8) for i in range(2)]
+    assert choose(ask(ttft_budget_ms=500), snap(*twins), Rules()).candidates[0].backend in {"vllm-0", "vllm-1"}
+    busy = replace(twins[0], running=8, waiting=20)
+    decision = choose(ask(ttft_budget_ms=500), snap(busy, twins[1]), Rules())
+    assert decision.candidates[0].backend == "vllm-1"
+    assert decision.candidates[1].prediction.queue_ms > 0
+
+
+def test_a_recovering_backend_gets_traffic_back_gradually() -> None:
+    twins = [backend(f"b{i}", "vllm", "A100-80GB") for i in range(2)]
+    shares = []
+    for recovery in (0.1, 0.5, 1.0):
+        recovering = replace(twins[0], breaker=Breaker.HALF_OPEN, recovery=recovery)
+        hits = sum(
+            "b0" in [c.backend for c in choose(ask(prefix_hash=i), snap(recovering, twins[1]), Rules()).candidates]
+            for i in range(1000)
+        )
+        shares.append(hits / 1000)
+    assert shares[0] == pytest.approx(0.1, abs=0.04)
+    assert shares[1] == pytest.approx(0.5, abs=0.06)
+    assert shares[2] == 1.0
+    assert choose(ask(), snap(replace(twins[0], breaker=Breaker.OPEN), twins[1]), Rules()).excluded == {
+        "b0": "circuit breaker open"
+    }
+
+
+def test_observed_latency_replaces_the_prior() -> None:
+    fast, slow = backend("a", "vllm", "A100-80GB"), backend("b", "vllm", "A100-80GB")
+    prior = predict(LLAMA_8B, slow, 1000, 200).ttft_ms
+    learned = Observed()
+    for _ in range(10):  # each request was predicted with what had been learned so far, and took 10x the prior
+        predicted = predict(LLAMA_8B, replace(slow, observed=learned), 1000, 200).ttft_ms
+        learned = observe(learned, predicted, prior * 10, None)
+    slow = replace(slow, observed=learned)
+    assert predict(LLAMA_8B, slow, 1000, 200).ttft_ms == pytest.approx(prior * 10, rel=0.05)
+    assert choose(ask(ttft_budget_ms=prior * 3), snap(slow, fast), Rules()).candidates[0].backend == "a"
+
+
+def test_no_backend_can_meet_a_strict_budget_is_rejected_with_retry_after() -> None:
+    rules = Rules(rules=(Rule("interactive", ttft_budget_ms=(None, 100), mode=Mode.STRICT),))
+    decision = choose(ask(ttft_budget_ms=1), snap(*FLEET), rules)
+    assert decision.reason is Reason.BUDGET_UNMEETABLE and decision.rule == "interactive"
+    assert decision.retry_after_s is not None and decision.retry_after_s >= 1
+    best_effort = choose(ask(ttft_budget_ms=1), snap(*FLEET), Rules())
+    assert best_effort.reason is Reason.BEST_EFFORT
+    assert best_effort.candidates[0].backend == "trt-h100"  # the closest to the budget leads
+
+
+def test_rules_prefer_avoid_require_and_defaults() -> None:
+    fleet = snap(
+        *[replace(b, profile=replace(b.profile, pool="gpu" if b.profile.gpu.name != "CPU" else "cpu")) for b in FLEET]
+    )
+    prefer = Rules(rules=(Rule("cheap-first", prefer=("cpu",)),))
+    assert choose(ask(), fleet, prefer).candidates[0].backend == "llamacpp-cpu"
+    avoid = Rules(rules=(Rule("no-trt", avoid=("trt-h100",)),))
+    assert choose(ask(), fleet, avoid).candidates[-1].backend == "trt-h100"
+    require = Rules(rules=(Rule("gpu-only", models=("llama-*",), require=("gpu",), max_attempts=2),))
+    decision = choose(ask(), fleet, require)
+    assert "llamacpp-cpu" in decision.excluded and decision.max_attempts == 2 and decision.rule == "gpu-only"
+    defaults = Rules(rules=(Rule("tenant-a", tenants=("a",), default_ttft_budget_ms=50),))
+    assert choose(ask(tenant="a"), fleet, defaults).reason is Reason.MEETS_BUDGET
+    assert choose(ask(tenant="b"), fleet, defaults).reason is Reason.NO_BUDGET
+
+
+def test_prefix_affinity_keeps_a_prefix_on_one_of_equal_backends() -> None:
+    twins = snap(*[backend(f"b{i}", "vllm", "A100-80GB") for i in range(4)])
+    firsts = {choose(ask(prefix_hash=1234), twins, Rules()).candidates[0].backend for _ in range(5)}
+    assert len(firsts) == 1
+    spread = {choose(ask(prefix_hash=h), twins, Rules()).candidates[0].backend for h in range(40)}
+    assert len(spread) == 4
+
+
+def test_model_nobody_serves() -> None:
+    assert choose(ask("gpt-9"), snap(*FLEET), Rules()).reason is Reason.NO_BACKEND_FOR_MODEL
 
 
 def test_budget_headers() -> None:
-    f = features("m", ["abcdefgh"], 5, True, {"x-slo-ttft-ms": "250", "x-latency-budget-ms": "2000"})
-    assert (f.ttft_budget_ms, f.latency_budget_ms, f.prompt_tokens) == (250.0, 2000.0, 3)
+    f = features("m", ["abcdefgh"], 5, True, {"x-slo-ttft-ms": "250", "x-latency-budget-ms": "2000", "x-tenant": "t"})
+    assert (f.ttft_budget_ms, f.latency_budget_ms, f.prompt_tokens, f.tenant) == (250.0, 2000.0, 3, "t")
+    assert f.prefix_hash == features("m", ["abcdefgh"], 5, True, {}).prefix_hash
     for bad in ("soon", "-5", "inf", "nan"):
         with pytest.raises(InvalidHeader):
             features("m", [], None, False, {"x-ttft-budget-ms": bad})

@@ -1,0 +1,123 @@
+"""Routing's plain descriptors built from a validated config: model specs, backend profiles, rules.
+
+Kept apart from the running fleet so ``enginegate route explain`` can use them
+without starting an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from backends.gguf_file import read_gguf
+from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig
+from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS, EngineEfficiency, GpuSpec
+from routing.types import BackendProfile, Mode, ModelSpec, Rule, Rules, Weights
+
+DEFAULT_CONTEXT = 4096
+DEFAULT_CPU_MEMORY_GB = 16.0
+DEFAULT_PARAMS_B = 7.0
+
+
+def _kv_estimate(params_b: float) -> float:
+    """Bytes of KV cache per token for a grouped-query-attention model of this size (fp16):
+    about 128 KiB at 8B, growing with the square root of the size (Llama 3: 8B 128 KiB, 70B 320 KiB)."""
+    return float(131072 * (params_b / 8) ** 0.5)
+
+
+def model_specs(loaded: LoadedConfig) -> dict[str, ModelSpec]:
+    specs = {}
+    for m in loaded.config.models:
+        params_b, context, kv, dtype_bytes = m.params_b, m.context, m.kv_bytes_per_token, BYTES_PER_PARAM[m.dtype]
+        if m.gguf is not None:
+            g = read_gguf(loaded.resolve(m.gguf))
+            params_b = params_b or g.n_params / 1e9
+            context = context or g.context_length
+            head_dim = g.dim // g.n_heads
+            kv = kv or 2 * g.n_layers * g.n_heads_kv * head_dim * 2.0
+            if m.params_b is None:
+                dtype_bytes = 4.0  # the GGUF tensors the in-process engines run are F32
+        params_b = params_b or DEFAULT_PARAMS_B
+        specs[m.name] = ModelSpec(
+            name=m.name,
+            params_b=params_b,
+            bytes_per_param=dtype_bytes,
+            context=context or DEFAULT_CONTEXT,
+            kv_bytes_per_token=kv or _kv_estimate(params_b),
+        )
+    return specs
+
+
+def gpu_catalog(loaded: LoadedConfig) -> dict[str, GpuSpec]:
+    gpus = dict(GPUS)
+    for g in loaded.config.gpus:
+        gpus[g.name] = GpuSpec(g.name, g.memory_gb, g.bandwidth_gbs, g.tflops)
+    return gpus
+
+
+def efficiencies(loaded: LoadedConfig) -> dict[str, EngineEfficiency]:
+    table = dict(ENGINES)
+    for engine, e in loaded.config.engine_efficiency.items():
+        table[engine] = EngineEfficiency(e.prefill_mfu, e.decode_mbu, e.overhead_ms)
+    return table
+
+
+def profile(cfg: BackendConfig, loaded: LoadedConfig, context: int | None = None) -> BackendProfile:
+    gpu = gpu_catalog(loaded)[cfg.gpu]
+    if cfg.memory_gb is not None:
+        memory = cfg.memory_gb
+    elif gpu.name == "CPU":
+        memory = DEFAULT_CPU_MEMORY_GB
+    else:
+        memory = gpu.memory_gb * cfg.gpu_count
+    # llama.cpp in process has one worker per model: a Llama object is not thread-safe.
+    concurrency = 1 if isinstance(cfg, LlamaCppConfig) else cfg.max_concurrency
+    return BackendProfile(
+        name=cfg.name,
+        engine=cfg.engine,
+        models=frozenset({cfg.model}),
+        gpu=gpu,
+        gpu_count=cfg.gpu_count,
+        memory_gb=memory,
+        efficiency=efficiencies(loaded)[cfg.engine],
+        max_concurrency=concurrency,
+        cost_per_hour=cfg.cost_per_hour,
+        pool=cfg.pool,
+        context=context,
+    )
+
+
+def rules(loaded: LoadedConfig) -> Rules:
+    r = loaded.config.routing
+    built = []
+    for rc in r.rules:
+        m = rc.match
+        built.append(
+            Rule(
+                name=rc.name,
+                models=tuple(m.models),
+                ttft_budget_ms=(m.ttft_budget_ms.min, m.ttft_budget_ms.max),
+                latency_budget_ms=(m.latency_budget_ms.min, m.latency_budget_ms.max),
+                tenants=tuple(m.tenants),
+                headers=tuple((k.lower(), v) for k, v in m.headers.items()),
+                prefer=tuple(rc.prefer),
+                avoid=tuple(rc.avoid),
+                require=tuple(rc.require),
+                max_attempts=rc.max_attempts,
+                hedging=rc.hedging,
+                mode=Mode(rc.mode) if rc.mode else None,
+                default_ttft_budget_ms=rc.default_ttft_budget_ms,
+                default_latency_budget_ms=rc.default_latency_budget_ms,
+            )
+        )
+    w = r.weights
+    return Rules(
+        rules=tuple(built),
+        max_attempts=r.max_attempts,
+        mode=Mode(r.mode),
+        hedging=r.hedging,
+        weights=Weights(w.budget, w.cost, w.load, w.affinity),
+    )
+
+
+def with_context(p: BackendProfile, context: int | None) -> BackendProfile:
+    return p if context is None or context == p.context else replace(p, context=context)

@@ -1,0 +1,104 @@
+"""Backends built from config: each engine kind's adapter with its settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from backends.base import Backend
+from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
+from backends.gguf_file import read_gguf
+from backends.http_base import HttpSettings
+from backends.llama_server import LlamaServerBackend
+from backends.tgi import TgiBackend, TgiMessagesBackend
+from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
+from backends.vllm import VLLMBackend
+from gateway.config import (
+    BackendConfig,
+    ConfigError,
+    CTranslate2Config,
+    HttpEngineConfig,
+    LlamaCppConfig,
+    LoadedConfig,
+    MiiRestConfig,
+    TritonTrtllmConfig,
+)
+
+BackendFactory = Callable[[BackendConfig, LoadedConfig], Backend]
+
+
+# Engines whose adapter needs nothing beyond the common HTTP settings.
+_PLAIN_HTTP: dict[str, Callable[[str, str, HttpSettings], Backend]] = {
+    "vllm": VLLMBackend,
+    "trtllm_serve": TrtllmServeBackend,
+    "tgi": TgiBackend,
+    "tgi_messages": TgiMessagesBackend,
+    "mii_openai": MiiOpenAIBackend,
+    "llama_server": LlamaServerBackend,
+}
+
+
+def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:
+    model = loaded.model(cfg.model)
+    template = model.chat_template
+    if template is None and model.gguf is not None:
+        template = read_gguf(loaded.resolve(model.gguf)).vocab.chat_template
+    api_key = None
+    if cfg.api_key_env:
+        api_key = os.environ.get(cfg.api_key_env)
+        if api_key is None:
+            raise ConfigError([f"{loaded.path}: backend {cfg.name}: environment variable {cfg.api_key_env} is not set"])
+    return HttpSettings(
+        url=cfg.url,
+        served_model=cfg.served_model or cfg.model,
+        api_key=api_key,
+        connect_timeout_s=cfg.connect_timeout_s,
+        read_timeout_s=cfg.read_timeout_s,
+        max_connections=cfg.max_concurrency,
+        chat_template=template,
+        default_max_tokens=cfg.default_max_tokens,
+    )
+
+
+def _http_backend(cfg: HttpEngineConfig, loaded: LoadedConfig) -> Backend:
+    settings = _http_settings(cfg, loaded)
+    if isinstance(cfg, TritonTrtllmConfig):
+        return TritonTrtllmBackend(cfg.name, cfg.model, settings, triton_model=cfg.triton_model)
+    if isinstance(cfg, MiiRestConfig):
+        return MiiRestBackend(cfg.name, cfg.model, settings, deployment=cfg.deployment)
+    return _PLAIN_HTTP[cfg.engine](cfg.name, cfg.model, settings)
+
+
+def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
+    """The real engines; tests pass their own factory to ``create_app`` for contract fakes."""
+    if not isinstance(cfg, CTranslate2Config | LlamaCppConfig):
+        return _http_backend(cfg, loaded)
+    model = loaded.model(cfg.model)
+    assert model.gguf is not None  # checked by config validation
+    gguf = loaded.resolve(model.gguf)
+    if isinstance(cfg, CTranslate2Config):
+        from backends.ctranslate2_engine import CTranslate2Backend
+
+        return CTranslate2Backend(
+            cfg.name,
+            model.name,
+            gguf,
+            loaded.cache_dir,
+            threads=cfg.threads,
+            max_concurrency=cfg.max_concurrency,
+            max_queue=cfg.max_queue,
+        )
+    if isinstance(cfg, LlamaCppConfig):
+        try:
+            from backends.llamacpp_engine import LlamaCppBackend
+        except ImportError as exc:
+            raise ConfigError(
+                [
+                    f"{loaded.path}: backend {cfg.name}: llama.cpp is not installed "
+                    f"(pip install 'enginegate[llama]'): {exc}"
+                ]
+            ) from exc
+        return LlamaCppBackend(
+            cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue
+        )
+    raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])

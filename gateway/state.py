@@ -1,0 +1,83 @@
+"""Everything a running gateway holds, and how a new config replaces it without dropping traffic.
+
+``Runtime`` is immutable: a request reads ``state.runtime`` once and keeps that
+config to its end. ``reload`` validates the file fully, builds new backends,
+swaps runtime and fleet entries in one step (nothing awaits in between) and
+keeps the old state on any error; unchanged backends keep their pools and
+learned estimates, retired ones close when their requests are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.catalog import rules as build_rules
+from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
+from gateway.engines import BackendFactory
+from gateway.fleet import Entry, Fleet, reconcile
+from gateway.metrics import Metrics
+from routing.types import Rules
+
+log = logging.getLogger("enginegate.config")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    loaded: LoadedConfig
+    rules: Rules
+    model_names: frozenset[str]
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.loaded.config
+
+    @classmethod
+    def of(cls, loaded: LoadedConfig) -> Runtime:
+        return cls(loaded, build_rules(loaded), frozenset(m.name for m in loaded.config.models))
+
+
+class AppState:
+    def __init__(self, loaded: LoadedConfig, factory: BackendFactory) -> None:
+        self.factory = factory
+        self.runtime = Runtime.of(loaded)
+        entries, models, _ = reconcile(loaded, factory, {})
+        cfg = loaded.config
+        self.fleet = Fleet(entries, models, cfg.limits.health_interval_s, cfg.routing.stale_after_s)
+        self.metrics = Metrics(lambda: self.fleet.backends, self.runtime.model_names)
+        self.started = int(time.time())
+        self._reloading = asyncio.Lock()
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.runtime.config
+
+    async def reload(self, path: Path | None = None) -> list[str]:
+        """Apply the config file again (or ``path``); returns the problems, empty when applied."""
+        async with self._reloading:
+            source = path or self.runtime.loaded.path
+            abandoned: list[Entry] = []
+            try:
+                loaded = load_config(source)
+                entries, models, retired = reconcile(loaded, self.factory, self.fleet.entries, abandoned.append)
+            except ConfigError as exc:
+                for entry in abandoned:
+                    await entry.backend.aclose()
+                self.metrics.reload("error")
+                log.error("config reload rejected, keeping the running config: %s", "; ".join(exc.problems))
+                return exc.problems
+            kept = sum(1 for name, e in entries.items() if self.fleet.entries.get(name) is e)
+            self.runtime = Runtime.of(loaded)
+            self.fleet.replace(entries, models, retired)
+            self.metrics.set_models(self.runtime.model_names)
+            self.metrics.reload("ok")
+            log.info(
+                "config reloaded from %s: %d backends kept, %d started, %d retired",
+                source, kept, len(entries) - kept, len(retired),
+            )  # fmt: skip
+            if kept < len(entries):
+                await self.fleet.poll_once()  # new backends get their first health reading now
+            return []

@@ -1,0 +1,75 @@
+"""Latency predictions from physics, corrected by what traffic has shown.
+
+Prefill is compute-bound: 2 x parameters x prompt tokens / usable FLOP/s.
+Decode is memory-bound: every step reads the weights once for the whole batch
+plus each running sequence's KV cache: (weights + batch x KV) / usable bandwidth.
+Queueing: when every slot is busy, the requests ahead share the slots.
+Observed TTFT (as a ratio to the prediction) and time per output token replace
+the priors per backend through exponentially weighted averages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from routing.catalog import MEMORY_HEADROOM
+from routing.types import BackendState, ModelSpec, Observed, Prediction
+
+ALPHA = 0.2
+"""Weight of a new observation in the running averages."""
+MIN_SAMPLES = 3
+"""Observations before a backend's measured time per token replaces the physics prior."""
+TYPICAL_OUTPUT_TOKENS = 256
+"""For the service time of requests queued ahead, whose lengths are unknown."""
+
+
+def prefill_ms(model: ModelSpec, state: BackendState, prompt_tokens: int) -> float:
+    p = state.profile
+    flops = p.gpu.tflops * 1e12 * p.gpu_count * p.efficiency.prefill_mfu
+    return 2 * model.params_b * 1e9 * max(prompt_tokens, 1) / flops * 1000
+
+
+def decode_step_ms(model: ModelSpec, state: BackendState, context_tokens: int) -> float:
+    p = state.profile
+    bandwidth = p.gpu.bandwidth_gbs * 1e9 * p.gpu_count * p.efficiency.decode_mbu
+    batch = state.running + 1
+    return (model.weight_bytes + batch * model.kv_bytes_per_token * context_tokens) / bandwidth * 1000
+
+
+def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> Prediction:
+    p = state.profile
+    out = max(max_tokens, 1)
+    tpot = decode_step_ms(model, state, prompt_tokens + out // 2)
+    if state.observed.tpot_ms is not None and state.observed.samples >= MIN_SAMPLES:
+        tpot = state.observed.tpot_ms * (state.running + 1) / max(1, min(state.running + 1, p.max_concurrency))
+    ahead = state.waiting + state.running + 1 - p.max_concurrency
+    queue = 0.0
+    if ahead > 0:
+        service = prefill_ms(model, state, prompt_tokens) + TYPICAL_OUTPUT_TOKENS * tpot
+        queue = ahead * service / p.max_concurrency
+    ttft = (p.efficiency.overhead_ms + queue + prefill_ms(model, state, prompt_tokens)) * state.observed.ttft_ratio
+    return Prediction(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=ttft + tpot * (out - 1), queue_ms=queue)
+
+
+def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> str | None:
+    """Why this backend cannot take the request at all, or None when it can."""
+    p = state.profile
+    context = min(model.context, p.context or model.context)
+    if prompt_tokens + max_tokens > context:
+        return f"context {context} < {prompt_tokens} + {max_tokens} tokens"
+    need = model.weight_bytes + model.kv_bytes_per_token * (prompt_tokens + max_tokens)
+    have = p.memory_gb * 1e9 * MEMORY_HEADROOM
+    if need > have:
+        return f"needs {need / 1e9:.1f} GB for weights and KV cache, has {have / 1e9:.1f} GB usable"
+    return None
+
+
+def observe(previous: Observed, predicted_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> Observed:
+    """Fold one finished request into a backend's learned corrections."""
+    base = predicted_ttft_ms / previous.ttft_ratio if previous.ttft_ratio else predicted_ttft_ms
+    ratio = min(20.0, max(0.05, ttft_ms / base)) if base > 0 else previous.ttft_ratio
+    new_ratio = ratio if previous.samples == 0 else (1 - ALPHA) * previous.ttft_ratio + ALPHA * ratio
+    new_tpot = previous.tpot_ms
+    if tpot_ms is not None:
+        new_tpot = tpot_ms if previous.tpot_ms is None else (1 - ALPHA) * previous.tpot_ms + ALPHA * tpot_ms
+    return replace(previous, ttft_ratio=new_ratio, tpot_ms=new_tpot, samples=previous.samples + 1)
