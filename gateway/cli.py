@@ -31,6 +31,37 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    """Where would this request go and why, against the config file (every backend healthy and idle)."""
+    from gateway.catalog import model_specs, profile
+    from gateway.catalog import rules as build_rules
+    from routing.explain import render
+    from routing.policy import choose
+    from routing.types import BackendState, FleetSnapshot, RequestFeatures
+
+    try:
+        loaded = load_config(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    snapshot = FleetSnapshot(
+        tuple(BackendState(profile(b, loaded)) for b in loaded.config.backends), model_specs(loaded)
+    )
+    features = RequestFeatures(
+        model=args.model,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        ttft_budget_ms=args.ttft_budget_ms,
+        latency_budget_ms=args.latency_budget_ms,
+        tpot_budget_ms=args.tpot_budget_ms,
+        tenant=args.tenant,
+        headers=tuple((k.lower(), v) for k, _, v in (h.partition("=") for h in args.header)),
+    )
+    print(render(choose(features, snapshot, build_rules(loaded)), features, snapshot))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -71,6 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     check = config_sub.add_parser("check", help="validate a config file and exit non-zero on errors")
     check.add_argument("file", type=Path)
     check.set_defaults(func=_check)
+    route = sub.add_parser("route", help="inspect routing")
+    route_sub = route.add_subparsers(dest="route_command", required=True)
+    explain = route_sub.add_parser("explain", help="rank the backends for a hypothetical request and say why")
+    explain.add_argument("--config", type=Path, default=default_config())
+    explain.add_argument("--model", required=True)
+    explain.add_argument("--prompt-tokens", type=int, default=100)
+    explain.add_argument("--max-tokens", type=int, default=None)
+    explain.add_argument("--ttft-budget-ms", type=float, default=None)
+    explain.add_argument("--latency-budget-ms", type=float, default=None)
+    explain.add_argument("--tpot-budget-ms", type=float, default=None)
+    explain.add_argument("--tenant", default=None)
+    explain.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    explain.set_defaults(func=_explain)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -46,11 +46,11 @@ def wait_ready(
 class GatewayProcess:
     """``enginegate serve`` as users run it, in its own process, on a free port."""
 
-    def __init__(self, config: Path, cache_dir: Path) -> None:
+    def __init__(self, config: Path, cache_dir: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = config.with_suffix(".log")
-        env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir)}
+        env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir), **(env or {})}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(self.port)],

@@ -1,0 +1,76 @@
+"""The gateway's choice follows the request's budget: real gateway process, contract fakes with injected latency."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import GatewayProcess, write_config
+from tests.contract import fake_trtllm_serve
+from tests.contract.control import FakeControl
+from tests.contract.tiny_engine import TinyEngine
+from tests.fakes import serve_in_thread
+
+# About 1000 prompt tokens: prefill takes ~30 ms on an H100 and ~230 ms on an A10G for an 8B model.
+LONG = "Beautiful is better than ugly. " * 130
+REQUEST = {"model": "enginegate-demo", "messages": [{"role": "user", "content": LONG}], "max_tokens": 20}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[GatewayProcess]:
+    """Two trtllm-serve fakes for an 8B model: one declared on an H100 (fast, costly), one on an A10G
+    (slower prefill, cheap), whose injected latency makes it really slower."""
+    work = tmp_path_factory.mktemp("budget")
+    with ExitStack() as stack:
+        fast_engine, slow_engine = TinyEngine(cache_dir), TinyEngine(cache_dir)
+        slow_control = FakeControl(delay_s=0.4)
+        fast = stack.enter_context(serve_in_thread(fake_trtllm_serve.create_app(fast_engine, FakeControl()), "/health"))
+        slow = stack.enter_context(serve_in_thread(fake_trtllm_serve.create_app(slow_engine, slow_control), "/health"))
+        config = write_config(
+            work / "budget.yaml",
+            f"""
+limits: {{health_interval_s: 0.5}}
+models:
+  - {{name: enginegate-demo, params_b: 8, dtype: bf16, context: 8192}}
+backends:
+  - {{name: h100, engine: trtllm_serve, url: "{fast}", model: enginegate-demo, gpu: H100, cost_per_hour: 6}}
+  - {{name: a10g, engine: trtllm_serve, url: "{slow}", model: enginegate-demo, gpu: A10G, cost_per_hour: 0.3}}
+""",
+        )
+        proc = GatewayProcess(config, cache_dir)
+        yield proc
+        proc.stop()
+
+
+def ask(gateway: GatewayProcess, headers: dict[str, str]) -> httpx.Response:
+    resp = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=REQUEST, headers=headers, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def test_tight_first_token_budget_goes_to_the_fast_backend(gateway: GatewayProcess) -> None:
+    for _ in range(5):
+        resp = ask(gateway, {"x-ttft-budget-ms": "150"})
+        assert resp.headers["x-enginegate-backend"] == "h100"
+        assert resp.headers["x-enginegate-route"] == "meets_budget"
+
+
+def test_relaxed_budget_goes_to_the_cheap_backend(gateway: GatewayProcess) -> None:
+    for _ in range(5):
+        resp = ask(gateway, {"x-latency-budget-ms": "60000"})
+        assert resp.headers["x-enginegate-backend"] == "a10g"
+        assert resp.headers["x-enginegate-route"] == "meets_budget"
+
+
+def test_llm_d_header_names_work_too(gateway: GatewayProcess) -> None:
+    assert ask(gateway, {"x-slo-ttft-ms": "150"}).headers["x-enginegate-backend"] == "h100"
+
+
+def test_impossible_budget_is_best_effort_on_the_closest(gateway: GatewayProcess) -> None:
+    resp = ask(gateway, {"x-ttft-budget-ms": "0.001"})
+    assert resp.headers["x-enginegate-route"] == "best_effort"
+    assert resp.headers["x-enginegate-backend"] == "h100"
