@@ -52,9 +52,7 @@ def steady_load(gateway: GatewayProcess, stop: threading.Event, seen: list[tuple
             for stream in (False, True):
                 r = client.post(f"{gateway.base_url}/v1/chat/completions", json={**body, "stream": stream})
                 ok = (
-                    r.status_code == 200
-                    and ("Hello" in r.text)
-                    and (not stream or r.text.endswith("data: [DONE]\n\n"))
+                    r.status_code == 200 and ("Hello" in r.text) and (not stream or r.text.endswith("data: [DONE]\n\n"))
                 )
                 seen.append(
                     (
