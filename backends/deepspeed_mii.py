@@ -52,7 +52,7 @@ class MiiRestBackend(HttpBackend):
         self.deployment = deployment
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+        prompt = self.prompt_text(request)
         payload = rest_payload(request, prompt, self.settings.default_max_tokens)
         async with self.open_stream(f"/mii/{self.deployment}", payload) as response:
             doc = self.json_event((await self._read(response)).decode("utf-8", "replace"))

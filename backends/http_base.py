@@ -20,6 +20,7 @@ import orjson
 from backends import http_errors
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Load
 from backends.prom_text import LoadMap, read_load
+from backends.sse import iter_events
 from backends.text import ChatRenderer
 
 
@@ -145,6 +146,20 @@ class HttpBackend(abc.ABC):
                 yield line
         except httpx.HTTPError as exc:
             raise self.transport_error(exc) from exc
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        """The text an engine that takes raw text gets: chat rendered with the model's template."""
+        return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+
+    async def json_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+        """Each SSE event as a JSON object; an error event raises as the engine's error."""
+        async for event in iter_events(self.lines(response)):
+            doc = self.json_event(event.data)
+            if not isinstance(doc, dict):
+                raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
+            if "error" in doc or event.field == "error":
+                raise http_errors.from_event(self.name, doc)
+            yield doc
 
     def json_event(self, data: str) -> Any:
         try:

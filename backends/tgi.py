@@ -18,12 +18,10 @@ from typing import Any
 
 import httpx
 
-from backends import http_errors
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Usage
 from backends.http_base import HttpBackend
 from backends.openai_compat import END_TEXTS, FINISH, OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
-from backends.sse import iter_events
 from backends.text import StopStrings
 
 LOAD = LoadMap(running=Gauge(("tgi_batch_current_size",)), waiting=Gauge(("tgi_queue_size",)))
@@ -81,18 +79,13 @@ class TgiBackend(_TgiHealth):
     engine = "tgi"
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+        prompt = self.prompt_text(request)
         stops = StopStrings(request.stop)
         details: dict[str, Any] | None = None
         async with self.open_stream(
             "/generate_stream", native_payload(request, prompt, self.settings.default_max_tokens)
         ) as response:
-            async for event in iter_events(self.lines(response)):
-                doc = self.json_event(event.data)
-                if not isinstance(doc, dict):
-                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
-                if "error" in doc:
-                    raise http_errors.from_event(self.name, doc)
+            async for doc in self.json_events(response):
                 token = doc.get("token") or {}
                 if not token.get("special") and not stops.stopped:
                     text = stops.feed(str(token.get("text", "")))

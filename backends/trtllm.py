@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backends import http_errors
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.base import Chunk, GenerationRequest, Usage
 from backends.http_base import HttpBackend, HttpSettings
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
-from backends.sse import iter_events
 from backends.text import StopStrings, estimate_tokens
 
 # Sampling fields trtllm-serve declares beside OpenAI's (its models use extra="forbid").
@@ -92,18 +90,13 @@ class TritonTrtllmBackend(HttpBackend):
         self.triton_model = triton_model
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+        prompt = self.prompt_text(request)
         payload = triton_payload(request, prompt, self.settings.default_max_tokens)
         stops = StopStrings(request.stop)
         pieces = 0
         path = f"/v2/models/{self.triton_model}/generate_stream"
         async with self.open_stream(path, payload) as response:
-            async for event in iter_events(self.lines(response)):
-                doc = self.json_event(event.data)
-                if not isinstance(doc, dict):
-                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
-                if "error" in doc:
-                    raise http_errors.from_event(self.name, doc)
+            async for doc in self.json_events(response):
                 pieces += 1
                 text = stops.feed(str(doc.get("text_output", "")))
                 if text:

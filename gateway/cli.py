@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, LoadedConfig, load_config
 
 
 def default_config() -> Path:
@@ -19,12 +19,19 @@ def default_config() -> Path:
     return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
-def _check(args: argparse.Namespace) -> int:
+def _load(path: Path) -> LoadedConfig | None:
+    """The config, or None after printing every problem with its file and line."""
     try:
-        loaded = load_config(args.file)
+        return load_config(path)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
+        return None
+
+
+def _check(args: argparse.Namespace) -> int:
+    loaded = _load(args.file)
+    if loaded is None:
         return 1
     cfg = loaded.config
     print(f"{args.file}: ok ({len(cfg.models)} models, {len(cfg.backends)} backends)")
@@ -39,11 +46,8 @@ def _explain(args: argparse.Namespace) -> int:
     from routing.policy import choose
     from routing.types import BackendState, FleetSnapshot, RequestFeatures
 
-    try:
-        loaded = load_config(args.config)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+    loaded = _load(args.config)
+    if loaded is None:
         return 1
     snapshot = FleetSnapshot(
         tuple(BackendState(profile(b, loaded)) for b in loaded.config.backends), model_specs(loaded)
@@ -68,8 +72,10 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    loaded = _load(args.config)
+    if loaded is None:
+        return 1
     try:
-        loaded = load_config(args.config)
         app = create_app(loaded)
     except ConfigError as exc:
         for problem in exc.problems:
