@@ -56,10 +56,7 @@ class GgufModel:
     rms_eps: float
     vocab: Vocabulary
     tensors: dict[str, np.ndarray] = field(repr=False)
-
-    @property
-    def n_params(self) -> int:
-        return sum(int(t.size) for t in self.tensors.values())
+    n_params: int = 0
 
 
 def _field(fields: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -69,13 +66,13 @@ def _field(fields: dict[str, Any], key: str, default: Any = None) -> Any:
     return f.contents()
 
 
-def read_gguf(path: str | Path) -> GgufModel:
-    """Load metadata, vocabulary and float tensors of a llama GGUF file."""
+def read_gguf(path: str | Path, with_tensors: bool = True) -> GgufModel:
+    """Load metadata, vocabulary and (unless ``with_tensors`` is False) float tensors and content hash."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if with_tensors else b""
         reader = GGUFReader(path)
     except (OSError, ValueError) as exc:
         raise GgufError(f"{path}: cannot read GGUF file: {exc}") from exc
@@ -86,7 +83,8 @@ def read_gguf(path: str | Path) -> GgufModel:
     if _field(fields, "tokenizer.ggml.model") != "llama":
         raise GgufError(f"{path}: only SentencePiece-style ('llama') vocabularies are supported")
     tensors: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    for t in reader.tensors if with_tensors else ():
         if t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             raise GgufError(f"{path}: tensor {t.name} is {t.tensor_type.name}; only F32 and F16 convert")
         tensors[t.name] = np.asarray(t.data, dtype=np.float32)
@@ -105,7 +103,7 @@ def read_gguf(path: str | Path) -> GgufModel:
     )
     return GgufModel(
         path=path,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=hashlib.sha256(data).hexdigest() if with_tensors else "",
         architecture=arch,
         n_layers=int(_field(fields, "llama.block_count")),
         n_heads=n_heads,
@@ -117,4 +115,5 @@ def read_gguf(path: str | Path) -> GgufModel:
         rms_eps=float(_field(fields, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
         vocab=vocab,
         tensors=tensors,
+        n_params=n_params,
     )

@@ -29,7 +29,7 @@ class LlamaCppBackend(InProcessEngine):
     ) -> None:
         from llama_cpp import Llama
 
-        gguf = read_gguf(gguf_path)
+        gguf = read_gguf(gguf_path, with_tensors=False)
         context = min(n_ctx or gguf.context_length, gguf.context_length)
         super().__init__(name, model_name, gguf.vocab, context, 1, max_queue)
         self._llama = Llama(str(gguf_path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)

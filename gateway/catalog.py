@@ -7,8 +7,12 @@ without starting an engine.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+from backends.base import GenerationRequest
 from backends.gguf_file import read_gguf
+from backends.hf_tokenizer import build_tokenizer
+from backends.text import ChatRenderer
 from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS, EngineEfficiency, GpuSpec
 from routing.types import BackendProfile, Mode, ModelSpec, Rule, Rules, Weights
@@ -29,7 +33,7 @@ def model_specs(loaded: LoadedConfig) -> dict[str, ModelSpec]:
     for m in loaded.config.models:
         params_b, context, kv, dtype_bytes = m.params_b, m.context, m.kv_bytes_per_token, BYTES_PER_PARAM[m.dtype]
         if m.gguf is not None:
-            g = read_gguf(loaded.resolve(m.gguf))
+            g = read_gguf(loaded.resolve(m.gguf), with_tensors=False)
             params_b = params_b or g.n_params / 1e9
             context = context or g.context_length
             head_dim = g.dim // g.n_heads
@@ -45,6 +49,24 @@ def model_specs(loaded: LoadedConfig) -> dict[str, ModelSpec]:
             kv_bytes_per_token=kv or _kv_estimate(params_b),
         )
     return specs
+
+
+class PromptCounter:
+    """Exact prompt tokens for a model whose tokenizer is at hand (a GGUF's): the chat rendered with the
+    model's template, then tokenized, as the engine will."""
+
+    def __init__(self, gguf: Path) -> None:
+        vocab = read_gguf(gguf, with_tensors=False).vocab
+        self._tokenizer = build_tokenizer(vocab)
+        self._chat = ChatRenderer(vocab.chat_template)
+
+    def count(self, request: GenerationRequest) -> int:
+        text = self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def prompt_counters(loaded: LoadedConfig) -> dict[str, PromptCounter]:
+    return {m.name: PromptCounter(loaded.resolve(m.gguf)) for m in loaded.config.models if m.gguf is not None}
 
 
 def gpu_catalog(loaded: LoadedConfig) -> dict[str, GpuSpec]:

@@ -119,7 +119,9 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     try:
-        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, bool(body.stream), request.headers)
+        counter = rt.counters.get(gen.model)
+        exact = counter.count(gen) if counter is not None else None
+        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, bool(body.stream), request.headers, exact)
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
     decision = choose(feats, state.fleet.snapshot(), rt.rules)

@@ -42,7 +42,7 @@ def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:
     model = loaded.model(cfg.model)
     template = model.chat_template
     if template is None and model.gguf is not None:
-        template = read_gguf(loaded.resolve(model.gguf)).vocab.chat_template
+        template = read_gguf(loaded.resolve(model.gguf), with_tensors=False).vocab.chat_template
     api_key = None
     if cfg.api_key_env:
         api_key = os.environ.get(cfg.api_key_env)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.catalog import PromptCounter, prompt_counters
 from gateway.catalog import rules as build_rules
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
 from gateway.engines import BackendFactory
@@ -30,6 +31,7 @@ class Runtime:
     loaded: LoadedConfig
     rules: Rules
     model_names: frozenset[str]
+    counters: dict[str, PromptCounter]
 
     @property
     def config(self) -> GatewayConfig:
@@ -37,7 +39,8 @@ class Runtime:
 
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:
-        return cls(loaded, build_rules(loaded), frozenset(m.name for m in loaded.config.models))
+        names = frozenset(m.name for m in loaded.config.models)
+        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded))
 
 
 class AppState:

@@ -46,21 +46,22 @@ def features(
     max_tokens: int | None,
     stream: bool,
     headers: Mapping[str, str],
-    tenant: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> RequestFeatures:
+    """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text."""
     texts = list(texts)
     prefix = "".join(texts)[:PREFIX_CHARS]
     priority = headers.get("x-priority", "0")
     return RequestFeatures(
         model=model,
-        prompt_tokens=estimate_tokens(texts),
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else estimate_tokens(texts),
         max_tokens=max_tokens,
         stream=stream,
         latency_budget_ms=_header_ms(headers, "x-latency-budget-ms"),
         ttft_budget_ms=_header_ms(headers, "x-ttft-budget-ms", "x-slo-ttft-ms"),
         tpot_budget_ms=_header_ms(headers, "x-slo-tpot-ms"),
         priority=int(priority) if priority.lstrip("-").isdigit() else 0,
-        tenant=tenant or headers.get("x-tenant"),
+        tenant=headers.get("x-tenant"),
         prefix_hash=zlib.crc32(prefix.encode()),
         headers=tuple((h, headers[h]) for h in RULE_HEADERS if h in headers),
     )

@@ -74,3 +74,43 @@ def test_impossible_budget_is_best_effort_on_the_closest(gateway: GatewayProcess
     resp = ask(gateway, {"x-ttft-budget-ms": "0.001"})
     assert resp.headers["x-enginegate-route"] == "best_effort"
     assert resp.headers["x-enginegate-backend"] == "h100"
+
+
+@pytest.fixture(scope="module")
+def real_gateway(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, vllm_url: str, llama_server_url: str
+) -> Iterator[GatewayProcess]:
+    """Real engines with declared placements: vLLM as an H100 deployment, llama-server as a costly A10G one,
+    CTranslate2 in process on the CPU, free. The demo model is declared as an 8B model for routing."""
+    config = write_config(
+        tmp_path_factory.mktemp("real-budget") / "real.yaml",
+        f"""
+limits: {{health_interval_s: 0.5}}
+models:
+  - {{name: enginegate-demo, gguf: "{{GGUF}}", params_b: 8, dtype: bf16}}
+backends:
+  - {{name: vllm-h100, engine: vllm, url: "{vllm_url}", model: enginegate-demo, gpu: H100, cost_per_hour: 6}}
+  - {{name: llama-a10g, engine: llama_server, url: "{llama_server_url}", model: enginegate-demo, gpu: A10G,
+      cost_per_hour: 8}}
+  - {{name: ct2-cpu, engine: ctranslate2, model: enginegate-demo, gpu: CPU, memory_gb: 64}}
+""",
+    )
+    proc = GatewayProcess(config, cache_dir)
+    yield proc
+    proc.stop()
+
+
+def test_real_engines_follow_the_budget_header(real_gateway: GatewayProcess) -> None:
+    body = {"model": "enginegate-demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 40}
+    url = f"{real_gateway.base_url}/v1/chat/completions"
+    # 16 prompt tokens of an "8B" model: any GPU meets 50 ms to first token; the CPU does not.
+    tight = httpx.post(url, json=body, headers={"x-ttft-budget-ms": "50"}, timeout=60)
+    assert tight.status_code == 200 and tight.headers["x-enginegate-backend"] == "vllm-h100"
+    # A budget of minutes: everything meets it and the free CPU engine wins on cost.
+    relaxed = httpx.post(url, json=body, headers={"x-latency-budget-ms": "600000"}, timeout=60)
+    assert relaxed.status_code == 200 and relaxed.headers["x-enginegate-backend"] == "ct2-cpu"
+    for resp in (tight, relaxed):
+        assert (
+            resp.json()["choices"][0]["message"]["content"]
+            == "Hello! I am the enginegate demo model. Beautiful is better than ugly."
+        )

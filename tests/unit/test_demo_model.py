@@ -67,3 +67,15 @@ def test_non_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
     bogus.write_bytes(b"not a model")
     with pytest.raises(GgufError, match="cannot read GGUF"):
         read_gguf(bogus)
+
+
+def test_routing_counts_demo_prompts_exactly(tmp_path: Path) -> None:
+    from backends.base import GenerationRequest
+    from gateway.catalog import PromptCounter
+
+    counter = PromptCounter(DEMO_GGUF)
+    chat = GenerationRequest("r", "m", messages=[{"role": "user", "content": "Hello"}])
+    assert counter.count(chat) == 16  # what every engine reports as prompt_tokens for this chat
+    assert counter.count(GenerationRequest("r", "m", prompt="The Zen of Python")) == len(
+        Tokenizer.from_file(str(derive(DEMO_GGUF, tmp_path)[0] / TOKENIZER_FILE)).encode("The Zen of Python").ids
+    )
