@@ -136,9 +136,10 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
     before_backend = time.perf_counter() - started
     timeout = rt.config.routing.first_token_timeout_s
     dispatched = time.perf_counter()
+    hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     try:
         committed = await until_disconnect(
-            dispatch.start(decision, state.fleet.backends, gen, timeout), request.receive
+            dispatch.start(decision, state.fleet.backends, gen, timeout, hedge_after), request.receive
         )
     except BackendError as exc:
         for name, failure in exc.failures:

@@ -54,42 +54,77 @@ async def _first_content(stream: AsyncIterator[Chunk], timeout: float, name: str
             return head
 
 
+async def _attempt(backend: Backend, request: GenerationRequest, timeout: float) -> Committed:
+    """One backend up to its first content; any failure is a BackendError and closes its stream."""
+    stream = backend.generate(request)
+    try:
+        head = await _first_content(stream, timeout, backend.name)
+    except BackendError:
+        await _close(stream)
+        raise
+    except Exception as exc:  # an adapter bug: reported as an upstream failure, the next backend may answer
+        await _close(stream)
+        log.exception("backend %s failed unexpectedly", backend.name, extra={"request_id": request.request_id})
+        raise BackendError(ErrorKind.UPSTREAM, f"backend {backend.name} failed: {exc}") from exc
+    except BaseException:
+        await _close(stream)
+        raise
+    return Committed(backend.name, head, stream)
+
+
 async def start(
     decision: Decision,
     backends: Mapping[str, Backend],
     request: GenerationRequest,
     first_token_timeout: float,
+    hedge_after: float | None = None,
 ) -> Committed:
     """Commit to the first candidate that produces content; raise the last error if none does.
-    ``BackendError.failures`` (set on the raised error) lists every failed attempt."""
+
+    Candidates are tried one after another; with ``hedge_after`` (seconds), a candidate whose first
+    token is that late gets company: the next candidate starts too, the first to answer wins and the
+    other is cancelled. ``BackendError.failures`` (on the raised error) lists every failed attempt."""
+    queue = [backends[c.backend] for c in decision.candidates[: decision.max_attempts] if c.backend in backends]
     failures: list[tuple[str, BackendError]] = []
-    for candidate in decision.candidates[: decision.max_attempts]:
-        backend = backends.get(candidate.backend)
-        if backend is None:  # retired by a reload since the decision
-            continue
-        stream = backend.generate(request)
-        try:
-            head = await _first_content(stream, first_token_timeout, backend.name)
-        except BackendError as exc:
-            await _close(stream)
-            failures.append((backend.name, exc))
-            log.warning(
-                "attempt failed",
-                extra={"request_id": request.request_id, "backend": backend.name, "kind": exc.kind.value},
-            )
-            if not exc.retryable:
-                exc.failures = failures
-                raise
-            continue
-        except Exception as exc:  # an adapter bug: the next backend may still answer
-            await _close(stream)
-            log.exception("backend %s failed unexpectedly", backend.name, extra={"request_id": request.request_id})
-            failures.append((backend.name, BackendError(ErrorKind.UPSTREAM, f"backend {backend.name} failed: {exc}")))
-            continue
-        except BaseException:
-            await _close(stream)
-            raise
-        return Committed(backend.name, head, stream, failures)
+    running: dict[asyncio.Task[Committed], str] = {}
+
+    def launch() -> None:
+        backend = queue.pop(0)
+        running[asyncio.ensure_future(_attempt(backend, request, first_token_timeout))] = backend.name
+
+    try:
+        while queue or running:
+            if not running:
+                launch()
+            hedge = hedge_after if queue else None
+            done, _ = await asyncio.wait(running, timeout=hedge, return_when=asyncio.FIRST_COMPLETED)
+            if not done:  # the first token is late against the budget: hedge with the next candidate
+                launch()
+                continue
+            for task in done:
+                name = running.pop(task)
+                exc = task.exception()
+                if exc is None:
+                    committed = task.result()
+                    committed.failures = failures
+                    return committed
+                if not isinstance(exc, BackendError):
+                    raise exc
+                failures.append((name, exc))
+                log.warning(
+                    "attempt failed", extra={"request_id": request.request_id, "backend": name, "kind": exc.kind.value}
+                )
+                if not exc.retryable:
+                    exc.failures = failures
+                    raise exc
+    finally:
+        for task in running:  # losers of a hedge, or everything when the client went away
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+            for task in running:
+                if not task.cancelled() and task.exception() is None:
+                    await task.result().aclose()
     last = failures[-1][1] if failures else BackendError(ErrorKind.CONNECT, "no backend could be tried")
     last.failures = failures
     raise last

@@ -175,4 +175,5 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         )
     else:
         reason = Reason.BEST_EFFORT
-    return Decision(reason, ranked, excluded, name, max_attempts, hedging)
+    hedge_after = f.ttft_budget_ms if hedging and f.ttft_budget_ms is not None and len(ranked) > 1 else None
+    return Decision(reason, ranked, excluded, name, max_attempts, hedging, hedge_after_ms=hedge_after)

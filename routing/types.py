@@ -191,3 +191,5 @@ class Decision:
     max_attempts: int = 3
     hedging: bool = False
     retry_after_s: float | None = None
+    hedge_after_ms: float | None = None
+    """With hedging on and a first-token budget: start the next candidate too when the first token is this late."""

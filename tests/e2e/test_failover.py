@@ -128,3 +128,36 @@ def test_unhealthy_backends_are_skipped_and_none_healthy_is_503(fleet: Fleet) ->
     assert info.value.status_code == 503
     assert info.value.code == "no_backend_available"
     assert httpx.get(f"{base}/readyz").status_code == 503
+
+
+def test_hedging_starts_the_next_backend_when_the_first_token_is_late(tmp_path: Path) -> None:
+    a, b = ScriptedBackend("a", "m", words=["from", " a"]), ScriptedBackend("b", "m", words=["from", " b"])
+    a.first_delay = 3.0
+    config = write_config(
+        tmp_path / "hedge.yaml",
+        """
+routing: {first_token_timeout_s: 10, hedging: true}
+models: [{name: m, gguf: "{GGUF}", params_b: 0.001}]
+backends:
+  - {name: a, engine: ctranslate2, model: m}
+  - {name: b, engine: ctranslate2, model: m, cost_per_hour: 1}
+""",
+    )
+    import time
+
+    with serve_in_thread(create_app(load_config(config), factory({"a": a, "b": b}))) as base:
+        started = time.monotonic()
+        raw = client(base).chat.completions.with_raw_response.create(
+            model="m", messages=HELLO, extra_headers={"x-ttft-budget-ms": "200"}
+        )
+        took = time.monotonic() - started
+        assert raw.headers["x-enginegate-backend"] == "b"
+        assert raw.parse().choices[0].message.content == "from b"
+        assert took < 2.0, "the hedge answered; nobody waited for the slow first token"
+        assert (a.calls, b.calls) == (1, 1)
+        assert a.closed_streams == 1, "the losing attempt was cancelled"
+        # Without a first-token budget there is nothing to be late against: no hedge.
+        b.calls = 0
+        a.first_delay = 0.3
+        raw = client(base).chat.completions.with_raw_response.create(model="m", messages=HELLO)
+        assert raw.headers["x-enginegate-backend"] == "a" and b.calls == 0
