@@ -8,7 +8,7 @@ import logging
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 from starlette.applications import Starlette
@@ -62,10 +62,57 @@ def json_response(doc: object, status: int = 200, headers: dict[str, str] | None
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers)
 
 
-def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:
-    state = AppState(loaded, backend_factory)
-    fleet = state.fleet
+async def api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return Response(exc.json(), status_code=exc.status, media_type="application/json", headers=exc.headers())
 
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (unknown route, wrong method) as OpenAI error JSON."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err = ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
+    elif exc.status_code == 405:
+        err = ApiError(405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed")
+    else:
+        err = ApiError(exc.status_code, str(exc.detail), type="invalid_request_error")
+    return await api_error(request, err)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """A bug: logged with its traceback, answered as OpenAI error JSON without one."""
+    log.exception("unhandled error", exc_info=exc, extra={"request_id": request.scope.get("enginegate.request_id")})
+    message = "The gateway hit an internal error; the request id identifies it in the logs."
+    return await api_error(request, ApiError(500, message, type="api_error", code="internal_error"))
+
+
+def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Poll the fleet while serving; SIGHUP reloads the config file."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.fleet.start()
+        loop = asyncio.get_running_loop()
+        reloads: set[asyncio.Task[list[str]]] = set()
+
+        def on_sighup() -> None:
+            task = loop.create_task(state.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # signals: main thread only
+            loop.add_signal_handler(signal.SIGHUP, on_sighup)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGHUP)
+            await state.fleet.aclose()
+
+    return lifespan
+
+
+def _routes(state: AppState) -> list[Route]:
     async def chat_completions(request: Request) -> Response:
         return await complete(request, state, chat=True)
 
@@ -89,75 +136,35 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         return json_response({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        snapshot = fleet.snapshot()
+        ready = state.fleet.ready
         doc = {
-            "status": "ready" if fleet.ready else "not_ready",
-            "backends": {b.name: b.healthy for b in snapshot.backends},
+            "status": "ready" if ready else "not_ready",
+            "backends": {b.name: b.healthy for b in state.fleet.snapshot().backends},
         }
-        return json_response(doc, 200 if fleet.ready else 503)
+        return json_response(doc, 200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return Response(exc.json(), status_code=exc.status, media_type="application/json", headers=exc.headers())
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *admin_routes(state),
+    ]
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        if exc.status_code == 404:
-            err = ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
-        elif exc.status_code == 405:
-            err = ApiError(
-                405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed"
-            )
-        else:
-            err = ApiError(exc.status_code, str(exc.detail), type="invalid_request_error")
-        return await api_error(request, err)
 
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error", exc_info=exc, extra={"request_id": request.scope.get("enginegate.request_id")})
-        err = ApiError(
-            500,
-            "The gateway hit an internal error; the request id identifies it in the logs.",
-            type="api_error",
-            code="internal_error",
-        )
-        return await api_error(request, err)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await fleet.start()
-        loop = asyncio.get_running_loop()
-        reloads: set[asyncio.Task[list[str]]] = set()
-
-        def on_sighup() -> None:
-            task = loop.create_task(state.reload())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # signals: main thread only
-            loop.add_signal_handler(signal.SIGHUP, on_sighup)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(signal.SIGHUP)
-            await fleet.aclose()
-
+def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:
+    """The gateway for one config: everything it holds lives on this app (no global state)."""
+    state = AppState(loaded, backend_factory)
     app = Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/models", list_models, methods=["GET"]),
-            Route("/v1/models/{model:path}", get_model, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            *admin_routes(state),
-        ],
+        routes=_routes(state),
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
-        lifespan=lifespan,
+        lifespan=_lifespan(state),
     )
     app.state.enginegate = state
     return RequestIdMiddleware(app)
