@@ -33,6 +33,7 @@ class ScriptedBackend:
     first_delay: float = 0.0
     calls: int = 0
     closed_streams: int = 0
+    closed: bool = False
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         self.calls += 1
@@ -57,7 +58,7 @@ class ScriptedBackend:
         return [self.model]
 
     async def aclose(self) -> None:
-        return None
+        self.closed = True
 
 
 def factory(backends: dict[str, Backend]) -> Callable[[BackendConfig, LoadedConfig], Backend]:
