@@ -1,0 +1,25 @@
+# enginegate gateway image: the gateway, its embedded CTranslate2 engine, the demo model and default config.
+# GPU engines run in their own official images (docker-compose.yml, deploy/k8s).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY backends ./backends
+COPY routing ./routing
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --create-home --uid 10001 enginegate
+WORKDIR /app
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY configs ./configs
+COPY models ./models
+ENV ENGINEGATE_CONFIG=/app/configs/default.yaml \
+    XDG_CACHE_HOME=/home/enginegate/.cache \
+    PYTHONUNBUFFERED=1
+USER 10001
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2).status != 200)"]
+ENTRYPOINT ["enginegate", "serve", "--host", "0.0.0.0", "--port", "8000"]
