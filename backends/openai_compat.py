@@ -105,10 +105,13 @@ class OpenAICompatBackend(HttpBackend):
         # (trtllm-serve), and some stream end-of-turn text (MII, TGI's completions): text that may
         # still become a stop is held back until it is clear.
         stops = StopStrings((*request.stop, *self.end_texts))
+        done = False
         async with self.open_stream(path, self.payload(request)) as response:
             async for event in iter_events(self.lines(response)):
-                if event.data == "[DONE]":
-                    break
+                # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
+                done = done or event.data == "[DONE]"
+                if done:
+                    continue
                 doc = self.json_event(event.data)
                 if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
                     raise http_errors.from_event(self.name, doc, self.trusts_event_status)
