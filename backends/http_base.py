@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from backends import http_errors
@@ -22,6 +22,9 @@ from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Hea
 from backends.prom_text import LoadMap, read_load
 from backends.sse import iter_events
 from backends.text import ChatRenderer
+
+# Largest SSE line or header accepted from an engine (a final event can carry a whole long answer).
+READ_BUFFER = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -46,22 +49,30 @@ class HttpBackend(abc.ABC):
     metrics_path: str | None = "/metrics"
     load_map: LoadMap | None = None
 
-    def __init__(
-        self, name: str, model: str, settings: HttpSettings, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, name: str, model: str, settings: HttpSettings) -> None:
         self.name = name
         self._model = model
         self.settings = settings
-        headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=settings.url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=64),
-            transport=transport,
-        )
+        self._base = settings.url.rstrip("/")
+        self._headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self._session: aiohttp.ClientSession | None = None
         self._chat = ChatRenderer(settings.chat_template)
         self.in_flight = 0
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The pooled session, made on first use inside the event loop that serves this backend."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.settings.max_connections, limit_per_host=0),
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.settings.connect_timeout_s, sock_read=self.settings.read_timeout_s
+                ),
+                read_bufsize=READ_BUFFER,
+                max_line_size=READ_BUFFER,
+                max_field_size=READ_BUFFER,
+            )
+        return self._session
 
     def models(self) -> list[str]:
         return [self._model]
@@ -71,17 +82,24 @@ class HttpBackend(abc.ABC):
         """The engine's stream as neutral chunks (an async generator in every subclass)."""
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         return self._chat.render(messages)
 
+    async def probe(self, path: str) -> tuple[int, bytes]:
+        """GET one of the engine's cheap endpoints: (status, body); raises OSError-like errors as they come."""
+        timeout = aiohttp.ClientTimeout(total=self.settings.connect_timeout_s + 3)
+        async with self._client().get(self._base + path, timeout=timeout) as resp:
+            return resp.status, await resp.read()
+
     async def health(self) -> Health:
         try:
-            resp = await self._client.get(self.health_path, timeout=self.settings.connect_timeout_s + 3)
-        except httpx.HTTPError as exc:
+            status, body = await self.probe(self.health_path)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
-        return Health(ok=resp.status_code == 200, detail="" if resp.status_code == 200 else resp.text[:200])
+        return Health(ok=status == 200, detail="" if status == 200 else body[:200].decode("utf-8", "replace"))
 
     async def load(self) -> Load | None:
         """The engine's own gauges when it has them, else what this gateway has in flight there."""
@@ -92,66 +110,69 @@ class HttpBackend(abc.ABC):
         if self.load_map is None or self.metrics_path is None:
             return None
         try:
-            resp = await self._client.get(self.metrics_path, timeout=self.settings.connect_timeout_s + 3)
-        except httpx.HTTPError:
+            status, body = await self.probe(self.metrics_path)
+        except (aiohttp.ClientError, TimeoutError):
             return None
-        if resp.status_code != 200:
+        if status != 200:
             return None
         try:
-            return read_load(resp.text, self.load_map)
+            return read_load(body.decode("utf-8", "replace"), self.load_map)
         except ValueError:  # unparsable exposition: no engine gauges this time
             return None
 
     @asynccontextmanager
-    async def open_stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[httpx.Response]:
-        """POST and yield the streaming response once its status is 2xx; close it on exit (cancelling upstream)."""
+    async def open_stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST and yield the response once its status is 2xx. Leaving early closes the connection,
+        which is how engines learn that a request was cancelled."""
         self.in_flight += 1
         try:
-            request = self._client.build_request(
-                "POST", path, content=orjson.dumps(payload), headers={"content-type": "application/json"}
-            )
             try:
-                response = await self._client.send(request, stream=True)
-            except httpx.ConnectError as exc:
+                response = await self._client().post(
+                    self._base + path, data=orjson.dumps(payload), headers={"content-type": "application/json"}
+                )
+            except aiohttp.ClientConnectorError as exc:
                 raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
-            except httpx.TimeoutException as exc:
-                raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out: {exc}") from exc
-            except httpx.HTTPError as exc:
+            except TimeoutError as exc:
+                raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine") from exc
+            except aiohttp.ClientError as exc:
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}") from exc
             try:
-                if response.status_code >= 400:
+                if response.status >= 400:
                     body = await self._read(response)
-                    raise http_errors.from_response(self.name, response.status_code, body, response.headers)
+                    raise http_errors.from_response(self.name, response.status, body, response.headers)
                 yield response
             finally:
-                await response.aclose()
+                if response.content.at_eof():
+                    response.release()  # fully read: the connection goes back to the pool
+                else:
+                    response.close()
         finally:
             self.in_flight -= 1
 
-    async def _read(self, response: httpx.Response) -> bytes:
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
         try:
-            return await response.aread()
-        except httpx.HTTPError as exc:
+            return await response.read()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise self.transport_error(exc) from exc
 
-    def transport_error(self, exc: httpx.HTTPError) -> BackendError:
+    def transport_error(self, exc: Exception) -> BackendError:
         """A failure while reading a stream that had started."""
-        if isinstance(exc, httpx.TimeoutException):
-            return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading: {exc}")
+        if isinstance(exc, TimeoutError):
+            return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading from the engine")
         return BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream broke: {type(exc).__name__}: {exc}")
 
-    async def lines(self, response: httpx.Response) -> AsyncIterator[str]:
+    async def lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[str]:
         try:
-            async for line in response.aiter_lines():
-                yield line
-        except httpx.HTTPError as exc:
+            async for line in response.content:
+                yield line.decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise self.transport_error(exc) from exc
 
     def prompt_text(self, request: GenerationRequest) -> str:
         """The text an engine that takes raw text gets: chat rendered with the model's template."""
         return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
 
-    async def json_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async def json_events(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
         """Each SSE event as a JSON object; an error event raises as the engine's error."""
         async for event in iter_events(self.lines(response)):
             doc = self.json_event(event.data)

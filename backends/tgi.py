@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Usage
 from backends.http_base import HttpBackend
@@ -61,9 +62,9 @@ class _TgiHealth(HttpBackend):
         health = await super().health()
         if health.ok and self.info is None:
             try:
-                resp = await self._client.get("/info", timeout=self.settings.connect_timeout_s + 3)
-                self.info = resp.json() if resp.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
+                status, body = await self.probe("/info")
+                self.info = orjson.loads(body) if status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
                 self.info = None
         return health
 

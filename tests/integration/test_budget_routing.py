@@ -38,7 +38,7 @@ models:
   - {{name: enginegate-demo, params_b: 8, dtype: bf16, context: 8192}}
 backends:
   - {{name: h100, engine: trtllm_serve, url: "{fast}", model: enginegate-demo, gpu: H100, cost_per_hour: 6}}
-  - {{name: a10g, engine: trtllm_serve, url: "{slow}", model: enginegate-demo, gpu: A10G, cost_per_hour: 0.3}}
+  - {{name: a10g, engine: trtllm_serve, url: "{slow}", model: enginegate-demo, gpu: A10G, cost_per_hour: 0.1}}
 """,
         )
         proc = GatewayProcess(config, cache_dir)
