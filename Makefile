@@ -36,6 +36,7 @@ typecheck: $(VENV)/.test-deps
 	$(BIN)/mypy
 
 engines: $(VENV)/.test-deps
+	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null)
 	bash tools/install_vllm.sh $(VLLM_VENV)
 	CMAKE=$(abspath $(BIN))/cmake bash tools/build_llama_server.sh >/dev/null
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -70,8 +69,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.logs import configure
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure(args.log_level, args.log_format)
     loaded = _load(args.config)
     if loaded is None:
         return 1
@@ -87,6 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host or server.host,
         port=server.port if args.port is None else args.port,
         log_level=args.log_level,
+        log_config=None,  # keep the handler configured above (JSON by default)
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=10,
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", default="json", choices=["json", "text"])
     serve.set_defaults(func=_serve)
     config = sub.add_parser("config", help="work with config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)

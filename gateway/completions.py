@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -19,7 +20,6 @@ from starlette.responses import Response
 from backends.base import BackendError, Usage
 from gateway import dispatch
 from gateway.errors import ApiError, from_backend, model_not_found
-from gateway.fleet import Fleet
 from gateway.openai_api import (
     ChatBody,
     CompletionBody,
@@ -77,31 +77,95 @@ def _no_candidates(decision: Decision, model: str) -> ApiError:
     )
 
 
+@dataclass
 class Outcome:
-    """Times one committed answer and reports it to the fleet: TTFT and per-token time feed the
-    estimator, engine failures the circuit breaker."""
+    """One request's accounting, from dispatch to its last byte: the fleet learns TTFT and per-token
+    time (estimator) and engine failures (circuit breaker); metrics and one log line record it."""
 
-    def __init__(self, fleet: Fleet, committed: dispatch.Committed, decision: Decision, dispatched: float) -> None:
-        self.fleet = fleet
+    state: AppState
+    chat: bool
+    request_id: str
+    model: str
+    decision: Decision
+    started: float
+    stream: bool
+    backend: str = "none"
+    ttft_s: float = 0.0
+    first_at: float = 0.0
+    failures: list[tuple[str, BackendError]] = field(default_factory=list)
+
+    def committed(self, committed: dispatch.Committed) -> None:
         self.backend = committed.backend
-        self.ttft_s = time.perf_counter() - dispatched
-        predicted = next((c.prediction.ttft_ms for c in decision.candidates if c.backend == self.backend), None)
-        self.predicted_ttft_ms = predicted if predicted is not None else self.ttft_s * 1000
         self.first_at = time.perf_counter()
-        for name, exc in committed.failures:
-            if exc.engine_fault:
-                fleet.failed(name)
-        fleet.begin(self.backend)
+        self.ttft_s = self.first_at - self.started
+        self.failures = committed.failures
+        self._attempts()
+        self.state.fleet.begin(self.backend)
 
-    def done(self, usage: Usage | None, error: BackendError | None = None) -> None:
-        self.fleet.end(self.backend)
-        if error is not None:
-            if error.engine_fault:
-                self.fleet.failed(self.backend)
+    def _attempts(self) -> None:
+        metrics = self.state.metrics
+        for name, exc in self.failures:
+            metrics.attempt(name, exc.kind.value)
+            if exc.engine_fault:
+                self.state.fleet.failed(name)
+        if self.backend != "none":
+            metrics.attempt(self.backend, "ok")
+            if self.failures:
+                metrics.failover(self.model)
+
+    def failed_to_start(self, error: BackendError | None) -> None:
+        """No backend answered: every attempt failed (``error``), or the client left first (None)."""
+        self.failures = error.failures if error is not None else []
+        self._attempts()
+        self._finish("error" if error is not None else "cancelled", None, error)
+
+    def done(
+        self, usage: Usage | None, error: BackendError | None = None, cancelled: bool = False, crashed: bool = False
+    ) -> None:
+        """The answer ended: completely (usage), with an engine error, because the client left, or
+        because the gateway itself failed (``crashed``: not the engine's fault)."""
+        fleet = self.state.fleet
+        fleet.end(self.backend)
+        if error is not None or crashed:
+            if error is not None and error.engine_fault:
+                fleet.failed(self.backend)
+            self._finish("error", usage, error)
             return
         tokens = usage.completion_tokens if usage else 0
-        tpot_ms = (time.perf_counter() - self.first_at) * 1000 / (tokens - 1) if tokens > 1 else None
-        self.fleet.succeeded(self.backend, self.predicted_ttft_ms, self.ttft_s * 1000, tpot_ms)
+        tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
+        predicted = next((c.prediction.ttft_ms for c in self.decision.candidates if c.backend == self.backend), None)
+        fleet.succeeded(
+            self.backend, predicted if predicted is not None else self.ttft_s * 1000, self.ttft_s * 1000,
+            None if tpot_s is None else tpot_s * 1000,
+        )  # fmt: skip
+        if usage is not None and not cancelled:
+            self.state.metrics.answered(
+                self.chat, self.model, self.backend, time.perf_counter() - self.started, self.ttft_s, tpot_s,
+                usage.prompt_tokens, usage.completion_tokens,
+            )  # fmt: skip
+        self._finish("cancelled" if cancelled else "ok", usage, None)
+
+    def _finish(self, result: str, usage: Usage | None, error: BackendError | None) -> None:
+        self.state.metrics.request(self.chat, self.model, self.backend, result)
+        log.info(
+            "request",
+            extra={
+                "request_id": self.request_id,
+                "route": "chat" if self.chat else "completions",
+                "model": self.model,
+                "backend": self.backend,
+                "route_reason": self.decision.reason.value,
+                "rule": self.decision.rule,
+                "outcome": result,
+                "error_kind": error.kind.value if error else None,
+                "stream": self.stream,
+                "attempts": len(self.failures) + (self.backend != "none"),
+                "ttft_ms": round(self.ttft_s * 1000, 3) if self.backend != "none" else None,
+                "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+                "prompt_tokens": usage.prompt_tokens if usage else None,
+                "completion_tokens": usage.completion_tokens if usage else None,
+            },
+        )
 
 
 async def complete(request: Request, state: AppState, chat: bool) -> Response:
@@ -125,7 +189,7 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
     decision = choose(feats, state.fleet.snapshot(), rt.rules)
-    state.metrics.decision(decision.reason.value)
+    state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -135,21 +199,23 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
         headers["x-enginegate-rule"] = decision.rule
     before_backend = time.perf_counter() - started
     timeout = rt.config.routing.first_token_timeout_s
-    dispatched = time.perf_counter()
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
+    outcome = Outcome(state, chat, request_id, gen.model, decision, started, bool(body.stream))
+    state.metrics.started("chat" if chat else "completions")
     try:
         committed = await until_disconnect(
             dispatch.start(decision, state.fleet.backends, gen, timeout, hedge_after), request.receive
         )
     except BackendError as exc:
-        for name, failure in exc.failures:
-            if failure.engine_fault:
-                state.fleet.failed(name)
-        state.metrics.request(chat, gen.model, "none", "error")
+        outcome.failed_to_start(exc)
         raise from_backend(exc) from None
-    outcome = Outcome(state.fleet, committed, decision, dispatched)
+    except BaseException:  # the client left before any backend answered
+        outcome.failed_to_start(None)
+        raise
+    outcome.committed(committed)
     headers["x-enginegate-backend"] = committed.backend
     if body.stream:
+        state.metrics.overhead(chat, before_backend)
         headers["x-enginegate-overhead-ms"] = f"{before_backend * 1000:.3f}"
         return SSEResponse(_events(committed, shape, state, chat, outcome), headers)
     try:
@@ -157,15 +223,14 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
         backend_done = time.perf_counter()
     except BackendError as exc:
         outcome.done(None, exc)
-        state.metrics.request(chat, gen.model, committed.backend, "error")
         raise from_backend(exc) from None
     except BaseException:
-        outcome.done(None)
+        outcome.done(None, cancelled=True)
         raise
     outcome.done(usage)
     payload = orjson.dumps(shape.whole(text, finish, usage))
-    state.metrics.request(chat, gen.model, committed.backend, "ok")
     overhead = before_backend + (time.perf_counter() - backend_done)
+    state.metrics.overhead(chat, overhead)
     headers["x-enginegate-overhead-ms"] = f"{overhead * 1000:.3f}"
     return Response(payload, media_type="application/json", headers=headers)
 
@@ -214,6 +279,5 @@ async def _events(
         )
     finally:
         await committed.aclose()
-        outcome.done(usage if result == "ok" else None, failure)
-        state.metrics.request(chat, shape.model, committed.backend, result)
+        outcome.done(usage, failure, cancelled=result == "cancelled", crashed=result == "error" and failure is None)
     yield DONE

@@ -50,7 +50,7 @@ class AppState:
         entries, models, _ = reconcile(loaded, factory, {})
         cfg = loaded.config
         self.fleet = Fleet(entries, models, cfg.limits.health_interval_s, cfg.routing.stale_after_s)
-        self.metrics = Metrics(lambda: self.fleet.backends, self.runtime.model_names)
+        self.metrics = Metrics(lambda: self.fleet.backends, lambda: self.fleet.snapshot(), self.runtime.model_names)
         self.started = int(time.time())
         self._reloading = asyncio.Lock()
 
