@@ -24,6 +24,7 @@ from gateway.config import LoadedConfig
 from gateway.engines import BackendFactory, build_backend
 from gateway.errors import ApiError, model_not_found
 from gateway.state import AppState
+from gateway.streaming import ClientGone
 
 log = logging.getLogger("enginegate.app")
 
@@ -77,6 +78,11 @@ async def http_error(request: Request, exc: Exception) -> Response:
     else:
         err = ApiError(exc.status_code, str(exc.detail), type="invalid_request_error")
     return await api_error(request, err)
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """The client disconnected while waiting: its work was cancelled, nobody is left to answer."""
+    return Response(status_code=499)
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
@@ -163,7 +169,12 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
     state = AppState(loaded, backend_factory)
     app = Starlette(
         routes=_routes(state),
-        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal_error},
+        exception_handlers={
+            ApiError: api_error,
+            HTTPException: http_error,
+            ClientGone: client_gone,
+            Exception: internal_error,
+        },
         lifespan=_lifespan(state),
     )
     app.state.enginegate = state

@@ -161,3 +161,17 @@ backends:
         a.first_delay = 0.3
         raw = client(base).chat.completions.with_raw_response.create(model="m", messages=HELLO)
         assert raw.headers["x-enginegate-backend"] == "a" and b.calls == 0
+
+
+def test_client_leaving_before_the_first_token_cancels_quietly(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    base, a, _ = fleet
+    a.first_delay = 0.45  # under the 0.5 s first-token timeout: a stays the one being waited for
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": HELLO}, timeout=0.15)
+    time.sleep(0.5)
+    assert a.calls == 1 and a.closed_streams == 1, "the backend's stream was closed when the client left"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+    ok = httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": HELLO}, timeout=10)
+    assert ok.status_code == 200
