@@ -161,10 +161,11 @@ class HttpBackend(abc.ABC):
             return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading from the engine")
         return BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream broke: {type(exc).__name__}: {exc}")
 
-    async def lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The body as it arrives, in whatever pieces the network delivers."""
         try:
-            async for line in response.content:
-                yield line.decode("utf-8", "replace")
+            async for chunk in response.content.iter_any():
+                yield chunk
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise self.transport_error(exc) from exc
 
@@ -174,7 +175,7 @@ class HttpBackend(abc.ABC):
 
     async def json_events(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
         """Each SSE event as a JSON object; an error event raises as the engine's error."""
-        async for event in iter_events(self.lines(response)):
+        async for event in iter_events(self.chunks(response)):
             doc = self.json_event(event.data)
             if not isinstance(doc, dict):
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")

@@ -107,7 +107,7 @@ class OpenAICompatBackend(HttpBackend):
         stops = StopStrings((*request.stop, *self.end_texts))
         done = False
         async with self.open_stream(path, self.payload(request)) as response:
-            async for event in iter_events(self.lines(response)):
+            async for event in iter_events(self.chunks(response)):
                 # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
                 done = done or event.data == "[DONE]"
                 if done:
