@@ -86,6 +86,8 @@ async def start(
     other is cancelled. ``BackendError.failures`` (on the raised error) lists every failed attempt."""
     queue = [backends[c.backend] for c in decision.candidates[: decision.max_attempts] if c.backend in backends]
     failures: list[tuple[str, BackendError]] = []
+    if hedge_after is None or len(queue) < 2:
+        return await _one_by_one(queue, request, first_token_timeout, failures)
     running: dict[asyncio.Task[Committed], str] = {}
 
     def launch() -> None:
@@ -110,13 +112,7 @@ async def start(
                     return committed
                 if not isinstance(exc, BackendError):
                     raise exc
-                failures.append((name, exc))
-                log.warning(
-                    "attempt failed", extra={"request_id": request.request_id, "backend": name, "kind": exc.kind.value}
-                )
-                if not exc.retryable:
-                    exc.failures = failures
-                    raise exc
+                _note(failures, name, exc, request.request_id)
     finally:
         for task in running:  # losers of a hedge, or everything when the client went away
             task.cancel()
@@ -125,9 +121,37 @@ async def start(
             for task in running:
                 if not task.cancelled() and task.exception() is None:
                     await task.result().aclose()
+    raise _exhausted(failures)
+
+
+def _exhausted(failures: list[tuple[str, BackendError]]) -> BackendError:
+    """The error to raise when no candidate answered: the last one's, carrying every failure."""
     last = failures[-1][1] if failures else BackendError(ErrorKind.CONNECT, "no backend could be tried")
     last.failures = failures
-    raise last
+    return last
+
+
+def _note(failures: list[tuple[str, BackendError]], name: str, exc: BackendError, request_id: str) -> None:
+    failures.append((name, exc))
+    log.warning("attempt failed", extra={"request_id": request_id, "backend": name, "kind": exc.kind.value})
+    if not exc.retryable:
+        exc.failures = failures
+        raise exc
+
+
+async def _one_by_one(
+    queue: list[Backend], request: GenerationRequest, timeout: float, failures: list[tuple[str, BackendError]]
+) -> Committed:
+    """Without hedging: each candidate in turn, in this task (no task per attempt on the hot path)."""
+    for backend in queue:
+        try:
+            committed = await _attempt(backend, request, timeout)
+        except BackendError as exc:
+            _note(failures, backend.name, exc, request.request_id)
+            continue
+        committed.failures = failures
+        return committed
+    raise _exhausted(failures)
 
 
 async def _close(stream: AsyncIterator[Chunk]) -> None:
