@@ -173,14 +173,22 @@ class HttpBackend(abc.ABC):
         """The text an engine that takes raw text gets: chat rendered with the model's template."""
         return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
 
-    async def json_events(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-        """Each SSE event as a JSON object; an error event raises as the engine's error."""
+    async def json_events(
+        self, response: aiohttp.ClientResponse, trust_status: bool = True
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Each SSE event as a JSON object until ``[DONE]``; an error event raises as the engine's error
+        (``trust_status``: see ``http_errors.from_event``)."""
+        done = False
         async for event in iter_events(self.chunks(response)):
+            # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
+            done = done or event.data == "[DONE]"
+            if done:
+                continue
             doc = self.json_event(event.data)
+            if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
+                raise http_errors.from_event(self.name, doc, trust_status)
             if not isinstance(doc, dict):
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
-            if "error" in doc or event.field == "error":
-                raise http_errors.from_event(self.name, doc)
             yield doc
 
     def json_event(self, data: str) -> Any:

@@ -12,10 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from backends import http_errors
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.http_base import HttpBackend
-from backends.sse import iter_events
 from backends.text import StopStrings, estimate_tokens
 
 # End-of-turn texts of common chat templates, for engines that stream them as text.
@@ -105,18 +103,8 @@ class OpenAICompatBackend(HttpBackend):
         # (trtllm-serve), and some stream end-of-turn text (MII, TGI's completions): text that may
         # still become a stop is held back until it is clear.
         stops = StopStrings((*request.stop, *self.end_texts))
-        done = False
         async with self.open_stream(path, self.payload(request)) as response:
-            async for event in iter_events(self.chunks(response)):
-                # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
-                done = done or event.data == "[DONE]"
-                if done:
-                    continue
-                doc = self.json_event(event.data)
-                if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
-                    raise http_errors.from_event(self.name, doc, self.trusts_event_status)
-                if not isinstance(doc, dict):
-                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected stream item {event.data[:200]!r}")
+            async for doc in self.json_events(response, self.trusts_event_status):
                 chunk = parse_chunk(doc)
                 finish = chunk.finish or finish
                 usage = chunk.usage or usage

@@ -34,9 +34,7 @@ class Committed:
             yield chunk
 
     async def aclose(self) -> None:
-        aclose = getattr(self.rest, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await _close(self.rest)
 
 
 async def _first_content(stream: AsyncIterator[Chunk], timeout: float, name: str) -> list[Chunk]:
