@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
+@dataclass(slots=True)
+class EngineClock:
+    """Time one request spent waiting on its engine (connecting, generating, on the wire). The gateway
+    subtracts it from the request's time in the gateway to report its own overhead."""
+
+    waited_s: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What to generate, independent of any engine's wire format.
@@ -34,6 +42,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
 
     @property
     def greedy(self) -> bool:

@@ -54,8 +54,8 @@ class MiiRestBackend(HttpBackend):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = self.prompt_text(request)
         payload = rest_payload(request, prompt, self.settings.default_max_tokens)
-        async with self.open_stream(f"/mii/{self.deployment}", payload) as response:
-            doc = self.json_event((await self._read(response)).decode("utf-8", "replace"))
+        async with self.open_stream(request, f"/mii/{self.deployment}", payload) as response:
+            doc = self.json_event((await self._read(response, request.clock)).decode("utf-8", "replace"))
         if not (isinstance(doc, list) and doc and isinstance(doc[0], dict)):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected MII response {str(doc)[:200]}")
         result = doc[0]

@@ -9,6 +9,7 @@ from the engine's own cheap endpoints.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,15 +17,17 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from backends import http_errors
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Load
+from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
 from backends.prom_text import LoadMap, read_load
 from backends.sse import iter_events
 from backends.text import ChatRenderer
 
 # Largest SSE line or header accepted from an engine (a final event can carry a whole long answer).
 READ_BUFFER = 8 * 1024 * 1024
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class HttpBackend(abc.ABC):
         self._session: aiohttp.ClientSession | None = None
         self._chat = ChatRenderer(settings.chat_template)
         self.in_flight = 0
+        self._urls: dict[str, URL] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         """The pooled session, made on first use inside the event loop that serves this backend."""
@@ -73,6 +77,13 @@ class HttpBackend(abc.ABC):
                 max_field_size=READ_BUFFER,
             )
         return self._session
+
+    def _url(self, path: str) -> URL:
+        """Parsed once per path: aiohttp would otherwise parse the string on every request."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(self._base + path)
+        return url
 
     def models(self) -> list[str]:
         return [self._model]
@@ -121,21 +132,25 @@ class HttpBackend(abc.ABC):
             return None
 
     @asynccontextmanager
-    async def open_stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def open_stream(
+        self, request: GenerationRequest, path: str, payload: dict[str, Any]
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST and yield the response once its status is 2xx. Leaving early closes the connection,
         which is how engines learn that a request was cancelled."""
         self.in_flight += 1
+        clock = request.clock
+        started = time.perf_counter()
         try:
             try:
-                response = await self._client().post(
-                    self._base + path, data=orjson.dumps(payload), headers={"content-type": "application/json"}
-                )
+                response = await self._client().post(self._url(path), data=orjson.dumps(payload), headers=_JSON)
             except aiohttp.ClientConnectorError as exc:
                 raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
             except TimeoutError as exc:
                 raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine") from exc
             except aiohttp.ClientError as exc:
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            finally:
+                clock.waited_s += time.perf_counter() - started
             try:
                 if response.status >= 400:
                     body = await self._read(response)
@@ -149,11 +164,15 @@ class HttpBackend(abc.ABC):
         finally:
             self.in_flight -= 1
 
-    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+    async def _read(self, response: aiohttp.ClientResponse, clock: EngineClock | None = None) -> bytes:
+        started = time.perf_counter()
         try:
             return await response.read()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise self.transport_error(exc) from exc
+        finally:
+            if clock is not None:
+                clock.waited_s += time.perf_counter() - started
 
     def transport_error(self, exc: Exception) -> BackendError:
         """A failure while reading a stream that had started."""
@@ -161,10 +180,18 @@ class HttpBackend(abc.ABC):
             return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading from the engine")
         return BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream broke: {type(exc).__name__}: {exc}")
 
-    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The body as it arrives, in whatever pieces the network delivers."""
+    async def chunks(self, response: aiohttp.ClientResponse, clock: EngineClock) -> AsyncIterator[bytes]:
+        """The body as it arrives, in whatever pieces the network delivers; time spent waiting for
+        them goes on the request's engine clock."""
+        content = response.content
+        perf_counter = time.perf_counter
         try:
-            async for chunk in response.content.iter_any():
+            while True:
+                started = perf_counter()
+                chunk = await content.readany()
+                clock.waited_s += perf_counter() - started
+                if not chunk:
+                    return
                 yield chunk
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise self.transport_error(exc) from exc
@@ -174,12 +201,12 @@ class HttpBackend(abc.ABC):
         return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
 
     async def json_events(
-        self, response: aiohttp.ClientResponse, trust_status: bool = True
+        self, request: GenerationRequest, response: aiohttp.ClientResponse, trust_status: bool = True
     ) -> AsyncIterator[dict[str, Any]]:
         """Each SSE event as a JSON object until ``[DONE]``; an error event raises as the engine's error
         (``trust_status``: see ``http_errors.from_event``)."""
         done = False
-        async for event in iter_events(self.chunks(response)):
+        async for event in iter_events(self.chunks(response, request.clock)):
             # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
             done = done or event.data == "[DONE]"
             if done:

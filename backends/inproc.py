@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -92,11 +93,14 @@ class ThreadedGeneration:
         """Stream chunks from ``token_loop(cancelled)``, an iterator of ids run in a worker thread."""
         if self._slots.locked() and self._waiting >= self._max_queue:
             raise BackendError(ErrorKind.OVERLOADED, f"backend {self._name} is at capacity", retry_after=1.0)
+        clock = request.clock
+        queued = time.perf_counter()
         self._waiting += 1
         try:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
+            clock.waited_s += time.perf_counter() - queued
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         cancel = threading.Event()
@@ -129,7 +133,9 @@ class ThreadedGeneration:
         finish = "length"
         try:
             while True:
+                waiting = time.perf_counter()
                 item = await queue.get()
+                clock.waited_s += time.perf_counter() - waiting
                 if item is _DONE:
                     break
                 if isinstance(item, Exception):

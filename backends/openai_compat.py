@@ -103,8 +103,8 @@ class OpenAICompatBackend(HttpBackend):
         # (trtllm-serve), and some stream end-of-turn text (MII, TGI's completions): text that may
         # still become a stop is held back until it is clear.
         stops = StopStrings((*request.stop, *self.end_texts))
-        async with self.open_stream(path, self.payload(request)) as response:
-            async for doc in self.json_events(response, self.trusts_event_status):
+        async with self.open_stream(request, path, self.payload(request)) as response:
+            async for doc in self.json_events(request, response, self.trusts_event_status):
                 chunk = parse_chunk(doc)
                 finish = chunk.finish or finish
                 usage = chunk.usage or usage

@@ -84,9 +84,9 @@ class TgiBackend(_TgiHealth):
         stops = StopStrings(request.stop)
         details: dict[str, Any] | None = None
         async with self.open_stream(
-            "/generate_stream", native_payload(request, prompt, self.settings.default_max_tokens)
+            request, "/generate_stream", native_payload(request, prompt, self.settings.default_max_tokens)
         ) as response:
-            async for doc in self.json_events(response):
+            async for doc in self.json_events(request, response):
                 token = doc.get("token") or {}
                 if not token.get("special") and not stops.stopped:
                     text = stops.feed(str(token.get("text", "")))

@@ -95,8 +95,8 @@ class TritonTrtllmBackend(HttpBackend):
         stops = StopStrings(request.stop)
         pieces = 0
         path = f"/v2/models/{self.triton_model}/generate_stream"
-        async with self.open_stream(path, payload) as response:
-            async for doc in self.json_events(response):
+        async with self.open_stream(request, path, payload) as response:
+            async for doc in self.json_events(request, response):
                 pieces += 1
                 text = stops.feed(str(doc.get("text_output", "")))
                 if text:

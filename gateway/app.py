@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import re
 import signal
-import uuid
 from collections.abc import AsyncIterator, Callable
 
 import orjson
@@ -19,35 +19,47 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admin import routes as admin_routes
-from gateway.completions import complete
+from gateway.completions import serve
 from gateway.config import LoadedConfig
 from gateway.engines import BackendFactory, build_backend
 from gateway.errors import ApiError, model_not_found
 from gateway.state import AppState
-from gateway.streaming import ClientGone
+from gateway.streaming import ClientGone, Exchange
 
 log = logging.getLogger("enginegate.app")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
-class RequestIdMiddleware:
-    """Gives every request an id (the client's ``x-request-id`` if sane) and echoes it on the response."""
+def request_id(scope: Scope) -> str:
+    """The client's ``x-request-id`` when it is sane, else a new one."""
+    for key, value in scope["headers"]:
+        if key == b"x-request-id":
+            rid: str = value.decode("latin-1")
+            if _REQUEST_ID.match(rid):
+                return rid
+            break
+    return f"{random.getrandbits(128):032x}"  # unique, not secret: no system call per request
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class Gateway:
+    """The ASGI app: generation requests go straight to their handler (the hot path skips the
+    framework's routing and middleware); everything else goes to Starlette. Every response carries
+    the request's id in ``x-request-id``."""
+
+    def __init__(self, state: AppState, app: Starlette) -> None:
+        self.state = state
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = ""
-        for key, value in scope["headers"]:
-            if key == b"x-request-id":
-                rid = value.decode("latin-1")
-                break
-        if not _REQUEST_ID.match(rid):
-            rid = uuid.uuid4().hex
+        rid = request_id(scope)
+        chat = _GENERATION.get(scope["path"]) if scope["method"] == "POST" else None
+        if chat is not None:
+            await self._generation(scope, receive, send, rid, chat)
+            return
         scope["enginegate.request_id"] = rid
         header = (b"x-request-id", rid.encode())
 
@@ -57,6 +69,33 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+    async def _generation(self, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool) -> None:
+        ex = Exchange(receive, send, rid)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            await serve(ex, headers, self.state, chat)
+        except ApiError as exc:
+            if not ex.started:
+                await ex.error(exc)
+        except ClientGone:
+            pass  # left while sending the body: nothing was started, nobody to answer
+        except asyncio.CancelledError:
+            if not ex.left:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # our own cancellation, done: the client left and its work was stopped
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": rid})
+            if not ex.started:
+                await ex.error(ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
+        finally:
+            ex.close()
+
+
+_GENERATION = {"/v1/chat/completions": True, "/v1/completions": False}
+_INTERNAL = "The gateway hit an internal error; the request id identifies it in the logs."
 
 
 def json_response(doc: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -80,16 +119,10 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return await api_error(request, err)
 
 
-async def client_gone(request: Request, exc: Exception) -> Response:
-    """The client disconnected while waiting: its work was cancelled, nobody is left to answer."""
-    return Response(status_code=499)
-
-
 async def internal_error(request: Request, exc: Exception) -> Response:
     """A bug: logged with its traceback, answered as OpenAI error JSON without one."""
     log.exception("unhandled error", exc_info=exc, extra={"request_id": request.scope.get("enginegate.request_id")})
-    message = "The gateway hit an internal error; the request id identifies it in the logs."
-    return await api_error(request, ApiError(500, message, type="api_error", code="internal_error"))
+    return await api_error(request, ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
 
 
 def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
@@ -119,11 +152,9 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
 
 
 def _routes(state: AppState) -> list[Route]:
-    async def chat_completions(request: Request) -> Response:
-        return await complete(request, state, chat=True)
-
-    async def completions(request: Request) -> Response:
-        return await complete(request, state, chat=False)
+    async def generation_method(request: Request) -> Response:
+        """Only reached with a method other than POST (``Gateway`` answers POSTs itself)."""
+        raise HTTPException(405)
 
     def model_doc(name: str) -> dict[str, object]:
         return {"id": name, "object": "model", "created": state.started, "owned_by": "enginegate"}
@@ -153,8 +184,8 @@ def _routes(state: AppState) -> list[Route]:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", generation_method),
+        Route("/v1/completions", generation_method),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -172,10 +203,9 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         exception_handlers={
             ApiError: api_error,
             HTTPException: http_error,
-            ClientGone: client_gone,
             Exception: internal_error,
         },
         lifespan=_lifespan(state),
     )
     app.state.enginegate = state
-    return RequestIdMiddleware(app)
+    return Gateway(state, app)

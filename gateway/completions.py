@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
-from backends.base import BackendError, Usage
+from backends.base import BackendError, GenerationRequest, Usage
 from gateway import dispatch
 from gateway.errors import ApiError, from_backend, model_not_found
 from gateway.openai_api import (
@@ -29,7 +27,7 @@ from gateway.openai_api import (
     prompt_texts,
     to_generation,
 )
-from gateway.streaming import DONE, SSEResponse, event, until_disconnect
+from gateway.streaming import DONE, Exchange, event
 from routing.features import InvalidHeader, features
 from routing.policy import choose
 from routing.types import Decision, Reason
@@ -38,20 +36,6 @@ if TYPE_CHECKING:
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
-    parts = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
-        parts.append(part)
-    return b"".join(parts)
 
 
 def _no_candidates(decision: Decision, model: str) -> ApiError:
@@ -147,6 +131,8 @@ class Outcome:
 
     def _finish(self, result: str, usage: Usage | None, error: BackendError | None) -> None:
         self.state.metrics.request(self.chat, self.model, self.backend, result)
+        if not log.isEnabledFor(logging.INFO):
+            return
         log.info(
             "request",
             extra={
@@ -168,24 +154,25 @@ class Outcome:
         )
 
 
-async def complete(request: Request, state: AppState, chat: bool) -> Response:
+async def serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool) -> None:
+    """Answer one generation request on ``ex``; errors before the answer starts raise ``ApiError``."""
     started = time.perf_counter()
-    request_id: str = request.scope["enginegate.request_id"]
     rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
     limits = rt.config.limits
-    raw = await read_body(request, limits.max_body_bytes)
+    raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
+    ex.watch()
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
     body = parse_body(ChatBody if chat else CompletionBody, data)
-    gen = to_generation(body, request_id, limits.max_tokens, limits.max_messages)
+    gen = to_generation(body, ex.request_id, limits.max_tokens, limits.max_messages)
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     try:
         counter = rt.counters.get(gen.model)
         exact = counter.count(gen) if counter is not None else None
-        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, bool(body.stream), request.headers, exact)
+        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, bool(body.stream), headers, exact)
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
     decision = choose(feats, state.fleet.snapshot(), rt.rules)
@@ -193,19 +180,16 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    shape = ResponseShape(chat, request_id, gen.model, include_usage)
-    headers = {"x-enginegate-route": decision.reason.value}
+    shape = ResponseShape(chat, ex.request_id, gen.model, include_usage)
+    ex.header("x-enginegate-route", decision.reason.value)
     if decision.rule:
-        headers["x-enginegate-rule"] = decision.rule
-    before_backend = time.perf_counter() - started
+        ex.header("x-enginegate-rule", decision.rule)
     timeout = rt.config.routing.first_token_timeout_s
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
-    outcome = Outcome(state, chat, request_id, gen.model, decision, started, bool(body.stream))
+    outcome = Outcome(state, chat, ex.request_id, gen.model, decision, started, bool(body.stream))
     state.metrics.started("chat" if chat else "completions")
     try:
-        committed = await until_disconnect(
-            dispatch.start(decision, state.fleet.backends, gen, timeout, hedge_after), request.receive
-        )
+        committed = await dispatch.start(decision, state.fleet.backends, gen, timeout, hedge_after)
     except BackendError as exc:
         outcome.failed_to_start(exc)
         raise from_backend(exc) from None
@@ -213,14 +197,14 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
         outcome.failed_to_start(None)
         raise
     outcome.committed(committed)
-    headers["x-enginegate-backend"] = committed.backend
+    ex.header("x-enginegate-backend", committed.backend)
     if body.stream:
-        state.metrics.overhead(chat, before_backend)
-        headers["x-enginegate-overhead-ms"] = f"{before_backend * 1000:.3f}"
-        return SSEResponse(_events(committed, shape, state, chat, outcome), headers)
+        # A stream's headers go out with its first token: what the gateway added up to there.
+        _overhead(ex, state, chat, started, gen)
+        await _stream(ex, _events(committed, shape, state, chat, outcome))
+        return
     try:
-        text, finish, usage = await until_disconnect(_collect(committed), request.receive)
-        backend_done = time.perf_counter()
+        text, finish, usage = await _collect(committed)
     except BackendError as exc:
         outcome.done(None, exc)
         raise from_backend(exc) from None
@@ -229,10 +213,25 @@ async def complete(request: Request, state: AppState, chat: bool) -> Response:
         raise
     outcome.done(usage)
     payload = orjson.dumps(shape.whole(text, finish, usage))
-    overhead = before_backend + (time.perf_counter() - backend_done)
-    state.metrics.overhead(chat, overhead)
-    headers["x-enginegate-overhead-ms"] = f"{overhead * 1000:.3f}"
-    return Response(payload, media_type="application/json", headers=headers)
+    _overhead(ex, state, chat, started, gen)
+    await ex.respond(200, payload)
+
+
+def _overhead(ex: Exchange, state: AppState, chat: bool, started: float, gen: GenerationRequest) -> None:
+    """The request's time in the gateway so far minus the time it waited on its engine."""
+    seconds = max(0.0, time.perf_counter() - started - gen.clock.waited_s)
+    state.metrics.overhead(chat, seconds)
+    ex.header("x-enginegate-overhead-ms", f"{seconds * 1000:.3f}")
+
+
+async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
+    try:
+        await ex.start_stream()
+        async for data in events:
+            await ex.stream(data)
+        await ex.end_stream()
+    finally:  # also on cancellation: closing the events closes the backend stream
+        await events.aclose()
 
 
 async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usage | None]:
@@ -240,7 +239,11 @@ async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usag
     finish: str | None = None
     usage: Usage | None = None
     try:
-        async for chunk in committed.chunks():
+        for chunk in committed.first:
+            parts.append(chunk.text)
+            finish = chunk.finish_reason or finish
+            usage = chunk.usage or usage
+        async for chunk in committed.rest:  # straight from the backend: no generator layer per chunk
             parts.append(chunk.text)
             finish = chunk.finish_reason or finish
             usage = chunk.usage or usage
@@ -251,7 +254,7 @@ async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usag
 
 async def _events(
     committed: dispatch.Committed, shape: ResponseShape, state: AppState, chat: bool, outcome: Outcome
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     result = "cancelled"
     usage: Usage | None = None
     failure: BackendError | None = None

@@ -42,7 +42,8 @@ async def _first_content(stream: AsyncIterator[Chunk], timeout: float, name: str
     head: list[Chunk] = []
     while True:
         try:
-            chunk = await asyncio.wait_for(anext(stream), timeout)
+            async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
+                chunk = await anext(stream)
         except StopAsyncIteration:
             raise BackendError(ErrorKind.PROTOCOL, f"backend {name} ended its stream without an answer") from None
         except TimeoutError:

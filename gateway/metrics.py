@@ -7,6 +7,7 @@ names, reasons and outcomes are enumerations; no key, prompt or user id ever bec
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -20,6 +21,21 @@ OTHER_MODEL = "other"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
+class _Children:
+    """A metric's labelled children, looked up once per label set (``labels()`` costs microseconds,
+    and the request path records about ten); label values are bounded, so is this cache."""
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *labels: str) -> Any:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        return child
 
 
 class _EngineTokens(Collector):
@@ -88,46 +104,60 @@ class Metrics:
     ) -> None:
         self.registry = r = CollectorRegistry()
         self._models = frozenset(models)
-        self._requests = Counter(
+        self._requests = _Children(Counter(
             "enginegate_requests", "Generation requests by route, model, backend and outcome.",
             ["route", "model", "backend", "outcome"], registry=r,
-        )  # fmt: skip
-        self._duration = Histogram(
+        ))  # fmt: skip
+        self._duration = _Children(Histogram(
             "enginegate_request_duration_seconds", "End-to-end time of generation requests.",
             ["route", "model", "backend"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._ttft = Histogram(
+        ))  # fmt: skip
+        self._ttft = _Children(Histogram(
             "enginegate_time_to_first_token_seconds", "Time from arrival to the first content token.",
             ["model", "backend"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._tpot = Histogram(
+        ))  # fmt: skip
+        self._tpot = _Children(Histogram(
             "enginegate_time_per_output_token_seconds", "Mean time between output tokens of one request.",
             ["model", "backend"], buckets=TOKEN_TIME_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._prompt_tokens = Counter(
-            "enginegate_prompt_tokens", "Prompt tokens as the engines counted them.", ["model", "backend"], registry=r
+        ))  # fmt: skip
+        self._prompt_tokens = _Children(
+            Counter(
+                "enginegate_prompt_tokens",
+                "Prompt tokens as the engines counted them.",
+                ["model", "backend"],
+                registry=r,
+            )
         )
-        self._completion_tokens = Counter(
+        self._completion_tokens = _Children(Counter(
             "enginegate_completion_tokens", "Completion tokens as the engines counted them.", ["model", "backend"],
             registry=r,
-        )  # fmt: skip
-        self._in_flight = Gauge("enginegate_requests_in_flight", "Requests being answered.", ["route"], registry=r)
-        self._decisions = Counter(
+        ))  # fmt: skip
+        self._in_flight = _Children(
+            Gauge("enginegate_requests_in_flight", "Requests being answered.", ["route"], registry=r)
+        )
+        self._decisions = _Children(Counter(
             "enginegate_routing_decisions", "Routing decisions by reason and first-choice backend.",
             ["reason", "backend"], registry=r,
-        )  # fmt: skip
-        self._attempts = Counter(
+        ))  # fmt: skip
+        self._attempts = _Children(Counter(
             "enginegate_attempts", "Attempts on backends by outcome (ok or the error kind).", ["backend", "outcome"],
             registry=r,
-        )  # fmt: skip
-        self._failovers = Counter(
-            "enginegate_failovers", "Requests answered by another backend than the first tried.", ["model"], registry=r
+        ))  # fmt: skip
+        self._failovers = _Children(
+            Counter(
+                "enginegate_failovers",
+                "Requests answered by another backend than the first tried.",
+                ["model"],
+                registry=r,
+            )
         )
-        self._overhead = Histogram(
+        self._overhead = _Children(Histogram(
             "enginegate_gateway_overhead_seconds", "Time the gateway itself adds to a request (engines excluded).",
             ["route"], buckets=OVERHEAD_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._reloads = Counter("enginegate_config_reloads", "Config reloads by outcome.", ["outcome"], registry=r)
+        ))  # fmt: skip
+        self._reloads = _Children(
+            Counter("enginegate_config_reloads", "Config reloads by outcome.", ["outcome"], registry=r)
+        )
         r.register(_EngineTokens(backends))
         r.register(_BackendState(snapshot))
 
@@ -138,25 +168,25 @@ class Metrics:
         self._models = frozenset(models)
 
     def decision(self, reason: str, backend: str) -> None:
-        self._decisions.labels(reason, backend).inc()
+        self._decisions(reason, backend).inc()
 
     def reload(self, outcome: str) -> None:
-        self._reloads.labels(outcome).inc()
+        self._reloads(outcome).inc()
 
     def attempt(self, backend: str, outcome: str) -> None:
-        self._attempts.labels(backend, outcome).inc()
+        self._attempts(backend, outcome).inc()
 
     def failover(self, model: str) -> None:
-        self._failovers.labels(self.model(model)).inc()
+        self._failovers(self.model(model)).inc()
 
     def started(self, route: str) -> None:
-        self._in_flight.labels(route).inc()
+        self._in_flight(route).inc()
 
     def request(self, chat: bool, model: str, backend: str, outcome: str) -> None:
         """A request ended; ``outcome`` is ok, error or cancelled."""
         route = "chat" if chat else "completions"
-        self._in_flight.labels(route).dec()
-        self._requests.labels(route, self.model(model), backend, outcome).inc()
+        self._in_flight(route).dec()
+        self._requests(route, self.model(model), backend, outcome).inc()
 
     def answered(
         self,
@@ -170,15 +200,15 @@ class Metrics:
         completion_tokens: int,
     ) -> None:
         label = self.model(model)
-        self._duration.labels("chat" if chat else "completions", label, backend).observe(duration_s)
-        self._ttft.labels(label, backend).observe(ttft_s)
+        self._duration("chat" if chat else "completions", label, backend).observe(duration_s)
+        self._ttft(label, backend).observe(ttft_s)
         if tpot_s is not None:
-            self._tpot.labels(label, backend).observe(tpot_s)
-        self._prompt_tokens.labels(label, backend).inc(prompt_tokens)
-        self._completion_tokens.labels(label, backend).inc(completion_tokens)
+            self._tpot(label, backend).observe(tpot_s)
+        self._prompt_tokens(label, backend).inc(prompt_tokens)
+        self._completion_tokens(label, backend).inc(completion_tokens)
 
     def overhead(self, chat: bool, seconds: float) -> None:
-        self._overhead.labels("chat" if chat else "completions").observe(seconds)
+        self._overhead("chat" if chat else "completions").observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,89 +1,109 @@
-"""Server-sent events and the disconnect invariant.
+"""One HTTP exchange on the raw ASGI interface, and the disconnect invariant.
 
-``SSEResponse`` sends an async iterator of byte events while it watches the
-connection; when the client goes away it cancels the sender, whose unwinding
-closes the backend stream (stopping the engine). ``until_disconnect`` gives a
-non-streaming handler the same guarantee.
+The generation routes are the gateway's hot path, so they skip the framework:
+``Exchange`` reads the body, sends JSON or SSE, and watches the connection with
+one task per request. When the client goes away the watcher cancels the
+request's own task; the handler's unwinding closes the backend stream (which
+stops the engine) and ``Exchange.left`` tells that cancellation apart from a
+server shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
-T = TypeVar("T")
+from gateway.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
+_JSON = (b"content-type", b"application/json")
+_SSE = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+)
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was still being read."""
 
 
 def event(doc: Any) -> bytes:
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
-class ClientGone(Exception):
-    """The client disconnected before the answer was ready."""
+class Exchange:
+    def __init__(self, receive: Receive, send: Send, request_id: str) -> None:
+        self._receive = receive
+        self._send = send
+        self.request_id = request_id
+        self.headers: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id.encode())]
+        """Sent with the response; handlers add theirs before it starts."""
+        self.started = False
+        self.left = False
+        """The client disconnected (and the request's task was cancelled because of it)."""
+        self._finished = False
+        self._watcher: asyncio.Task[None] | None = None
 
+    def header(self, name: str, value: str) -> None:
+        self.headers.append((name.encode("latin-1"), value.encode("latin-1")))
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+    async def body(self, limit: int, declared: str | None) -> bytes:
+        """The whole request body; ``declared`` is the content-length header, refused early when too big."""
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
+        parts = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.left = True
+                raise ClientGone
+            part = message.get("body", b"")
+            size += len(part)
+            if size > limit:
+                raise ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
+            parts.append(part)
+            if not message.get("more_body", False):
+                return b"".join(parts)
 
+    def watch(self) -> None:
+        """From here on, a disconnect cancels the current task. Call after the body is read."""
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(asyncio.current_task()))
 
-async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
-    """Await ``work`` unless the client disconnects first; then cancel it and raise ClientGone."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone
+    async def _watch(self, task: asyncio.Task[Any] | None) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if not self._finished and task is not None:
+            self.left = True
+            task.cancel()
 
+    def close(self) -> None:
+        self._finished = True
+        if self._watcher is not None:
+            self._watcher.cancel()
 
-class SSEResponse(Response):
-    """A streamed ``text/event-stream`` response that cancels its source on disconnect."""
+    async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.started = True
+        all_headers = [*self.headers, *(headers or ()), _JSON, (b"content-length", str(len(body)).encode())]
+        await self._send({"type": "http.response.start", "status": status, "headers": all_headers})
+        self._finished = True
+        await self._send({"type": "http.response.body", "body": body})
 
-    def __init__(self, events: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
-        self.status_code = 200
-        self.background = None
-        self._events = events
-        self._sse_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        self._sse_headers += [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-        ]
+    async def error(self, exc: ApiError) -> None:
+        extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers().items()]
+        await self.respond(exc.status, exc.json(), extra)
 
-    async def _send_all(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self._sse_headers})
-        try:
-            async for data in self._events:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-        except OSError:  # the transport is gone: same as a disconnect
-            return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def start_stream(self) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": 200, "headers": [*self.headers, *_SSE]})
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            with contextlib.suppress(ClientGone):
-                await until_disconnect(self._send_all(send), receive)
-        finally:
-            aclose = getattr(self._events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+    async def stream(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end_stream(self) -> None:
+        self._finished = True
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
