@@ -22,7 +22,7 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --editable ".[test,llama]"
+	$(BIN)/pip install --quiet --editable ".[test,llama,sim]"
 	touch $@ $(VENV)/.serve-deps
 
 serve: $(VENV)/.serve-deps

@@ -84,7 +84,6 @@ class Outcome:
         self.ttft_s = self.first_at - self.started
         self.failures = committed.failures
         self._attempts()
-        self.state.fleet.begin(self.backend)
 
     def _attempts(self) -> None:
         metrics = self.state.metrics
@@ -117,7 +116,9 @@ class Outcome:
             return
         tokens = usage.completion_tokens if usage else 0
         tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
-        predicted = next((c.prediction.ttft_ms for c in self.decision.candidates if c.backend == self.backend), None)
+        predicted = next(
+            (c.prediction.prior_ttft_ms for c in self.decision.candidates if c.backend == self.backend), None
+        )
         fleet.succeeded(
             self.backend, predicted if predicted is not None else self.ttft_s * 1000, self.ttft_s * 1000,
             None if tpot_s is None else tpot_s * 1000,
@@ -189,7 +190,9 @@ async def serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat:
     outcome = Outcome(state, chat, ex.request_id, gen.model, decision, started, bool(body.stream))
     state.metrics.started("chat" if chat else "completions")
     try:
-        committed = await dispatch.start(decision, state.fleet.backends, gen, timeout, hedge_after)
+        committed = await dispatch.start(
+            decision, state.fleet.backends, gen, timeout, state.fleet, feats.prompt_tokens, hedge_after
+        )
     except BackendError as exc:
         outcome.failed_to_start(exc)
         raise from_backend(exc) from None

@@ -13,11 +13,22 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
 from routing.types import Decision
 
 log = logging.getLogger("enginegate.dispatch")
+
+
+class Tracker(Protocol):
+    """Who counts attempts per backend (the fleet): routing's in-flight and prefill-backlog figures."""
+
+    def sending(self, name: str, prompt_tokens: int) -> None: ...
+
+    def first_token(self, name: str, prompt_tokens: int) -> None: ...
+
+    def end(self, name: str, prompt_tokens: int = 0) -> None: ...
 
 
 @dataclass
@@ -53,22 +64,31 @@ async def _first_content(stream: AsyncIterator[Chunk], timeout: float, name: str
             return head
 
 
-async def _attempt(backend: Backend, request: GenerationRequest, timeout: float) -> Committed:
-    """One backend up to its first content; any failure is a BackendError and closes its stream."""
+async def _attempt(
+    backend: Backend, request: GenerationRequest, timeout: float, tracker: Tracker, tokens: int
+) -> Committed:
+    """One backend up to its first content; any failure is a BackendError and closes its stream.
+    ``tokens``: the prompt's size, for the tracker's prefill backlog."""
+    name = backend.name
+    tracker.sending(name, tokens)
     stream = backend.generate(request)
     try:
-        head = await _first_content(stream, timeout, backend.name)
+        head = await _first_content(stream, timeout, name)
     except BackendError:
         await _close(stream)
+        tracker.end(name, tokens)
         raise
     except Exception as exc:  # an adapter bug: reported as an upstream failure, the next backend may answer
         await _close(stream)
-        log.exception("backend %s failed unexpectedly", backend.name, extra={"request_id": request.request_id})
-        raise BackendError(ErrorKind.UPSTREAM, f"backend {backend.name} failed: {exc}") from exc
+        tracker.end(name, tokens)
+        log.exception("backend %s failed unexpectedly", name, extra={"request_id": request.request_id})
+        raise BackendError(ErrorKind.UPSTREAM, f"backend {name} failed: {exc}") from exc
     except BaseException:
         await _close(stream)
+        tracker.end(name, tokens)
         raise
-    return Committed(backend.name, head, stream)
+    tracker.first_token(name, tokens)
+    return Committed(name, head, stream)
 
 
 async def start(
@@ -76,22 +96,26 @@ async def start(
     backends: Mapping[str, Backend],
     request: GenerationRequest,
     first_token_timeout: float,
+    tracker: Tracker,
+    prompt_tokens: int,
     hedge_after: float | None = None,
 ) -> Committed:
     """Commit to the first candidate that produces content; raise the last error if none does.
 
     Candidates are tried one after another; with ``hedge_after`` (seconds), a candidate whose first
     token is that late gets company: the next candidate starts too, the first to answer wins and the
-    other is cancelled. ``BackendError.failures`` (on the raised error) lists every failed attempt."""
+    other is cancelled. ``BackendError.failures`` (on the raised error) lists every failed attempt.
+    ``tracker`` hears of every attempt; the committed one's ``end`` is the caller's to report."""
     queue = [backends[c.backend] for c in decision.candidates[: decision.max_attempts] if c.backend in backends]
     failures: list[tuple[str, BackendError]] = []
     if hedge_after is None or len(queue) < 2:
-        return await _one_by_one(queue, request, first_token_timeout, failures)
+        return await _one_by_one(queue, request, first_token_timeout, failures, tracker, prompt_tokens)
     running: dict[asyncio.Task[Committed], str] = {}
 
     def launch() -> None:
         backend = queue.pop(0)
-        running[asyncio.ensure_future(_attempt(backend, request, first_token_timeout))] = backend.name
+        attempt = _attempt(backend, request, first_token_timeout, tracker, prompt_tokens)
+        running[asyncio.ensure_future(attempt)] = backend.name
 
     try:
         while queue or running:
@@ -118,8 +142,9 @@ async def start(
         if running:
             await asyncio.gather(*running, return_exceptions=True)
             for task in running:
-                if not task.cancelled() and task.exception() is None:
+                if not task.cancelled() and task.exception() is None:  # answered too, but lost the race
                     await task.result().aclose()
+                    tracker.end(running[task])
     raise _exhausted(failures)
 
 
@@ -139,12 +164,17 @@ def _note(failures: list[tuple[str, BackendError]], name: str, exc: BackendError
 
 
 async def _one_by_one(
-    queue: list[Backend], request: GenerationRequest, timeout: float, failures: list[tuple[str, BackendError]]
+    queue: list[Backend],
+    request: GenerationRequest,
+    timeout: float,
+    failures: list[tuple[str, BackendError]],
+    tracker: Tracker,
+    tokens: int,
 ) -> Committed:
     """Without hedging: each candidate in turn, in this task (no task per attempt on the hot path)."""
     for backend in queue:
         try:
-            committed = await _attempt(backend, request, timeout)
+            committed = await _attempt(backend, request, timeout, tracker, tokens)
         except BackendError as exc:
             _note(failures, backend.name, exc, request.request_id)
             continue

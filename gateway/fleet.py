@@ -22,6 +22,7 @@ from gateway.catalog import model_specs, profile
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
 from routing.estimator import observe
+from routing.load import current as current_load
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed
 
 log = logging.getLogger("enginegate.fleet")
@@ -38,6 +39,10 @@ class Entry:
     observed: Observed = field(default_factory=Observed)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     in_flight: int = 0
+    """Requests this gateway has sent there and not finished (from the attempt's start)."""
+    in_flight_at_poll: int = 0
+    prefill_backlog: int = 0
+    """Prompt tokens of those requests that have no first token yet."""
 
 
 def reconcile(
@@ -104,13 +109,19 @@ class Fleet:
         for e in self.entries.values():
             fresh = e.load is not None and now - e.load_at <= self._stale
             breaker, share = e.breaker.current()
+            polled = e.load if fresh else None
+            running, waiting = current_load(
+                polled.running if polled else None, polled.waiting if polled else None,
+                e.in_flight_at_poll, e.in_flight, e.profile.max_concurrency,
+            )  # fmt: skip
             states.append(
                 BackendState(
                     profile=e.profile,
                     healthy=e.health.ok,
-                    running=e.load.running if fresh and e.load else e.in_flight,
-                    waiting=e.load.waiting if fresh and e.load else 0,
+                    running=running,
+                    waiting=waiting,
                     load_fresh=fresh,
+                    prefill_backlog_tokens=e.prefill_backlog,
                     kv_cache_usage=e.load.kv_cache_usage if fresh and e.load else None,
                     breaker=breaker,
                     recovery=share,
@@ -123,17 +134,25 @@ class Fleet:
     def ready(self) -> bool:
         return any(e.health.ok for e in self.entries.values())
 
-    def begin(self, name: str) -> None:
+    def sending(self, name: str, prompt_tokens: int) -> None:
+        """An attempt on ``name`` starts: it is in flight and its prompt waits to be prefilled."""
         if (entry := self.entries.get(name)) is not None:
             entry.in_flight += 1
+            entry.prefill_backlog += prompt_tokens
 
-    def end(self, name: str) -> None:
+    def first_token(self, name: str, prompt_tokens: int) -> None:
+        if (entry := self.entries.get(name)) is not None:
+            entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
+
+    def end(self, name: str, prompt_tokens: int = 0) -> None:
+        """An attempt ended; ``prompt_tokens`` when it ended before its first token."""
         if (entry := self.entries.get(name)) is not None:
             entry.in_flight = max(0, entry.in_flight - 1)
+            entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
 
-    def succeeded(self, name: str, predicted_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> None:
+    def succeeded(self, name: str, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> None:
         if (entry := self.entries.get(name)) is not None:
-            entry.observed = observe(entry.observed, predicted_ttft_ms, ttft_ms, tpot_ms)
+            entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms)
             entry.breaker.success()
 
     def failed(self, name: str) -> None:
@@ -150,7 +169,7 @@ class Fleet:
                 log.warning("health probe failed", extra={"backend": entry.config.name, "error": str(exc)})
                 return
             if load is not None:
-                entry.load, entry.load_at = load, time.monotonic()
+                entry.load, entry.load_at, entry.in_flight_at_poll = load, time.monotonic(), entry.in_flight
 
         await asyncio.gather(*(one(e) for e in list(self.entries.values())))
 

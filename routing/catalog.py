@@ -75,5 +75,9 @@ ENGINES: dict[str, EngineEfficiency] = {
     "ctranslate2": EngineEfficiency(0.30, 0.60, 1.0),
 }
 
+PREFILL_CHUNK_TOKENS = 8192
+"""Prompt tokens an engine prefills per iteration (chunked prefill; vLLM's and TensorRT-LLM's default
+token budget per step): a prompt's first token waits one iteration per chunk of the prompts ahead."""
+
 # Fraction of GPU memory an engine may fill with weights and KV cache (vLLM's default utilisation is 0.9).
 MEMORY_HEADROOM = 0.9

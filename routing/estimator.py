@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from routing.catalog import MEMORY_HEADROOM
+from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
 from routing.types import BackendState, ModelSpec, Observed, Prediction
 
 ALPHA = 0.2
@@ -42,13 +42,29 @@ def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_token
     tpot = decode_step_ms(model, state, prompt_tokens + out // 2)
     if state.observed.tpot_ms is not None and state.observed.samples >= MIN_SAMPLES:
         tpot = state.observed.tpot_ms * (state.running + 1) / max(1, min(state.running + 1, p.max_concurrency))
-    ahead = state.waiting + state.running + 1 - p.max_concurrency
+    room = slots(model, state, prompt_tokens + out)
+    ahead = state.waiting + state.running + 1 - room
     queue = 0.0
     if ahead > 0:
         service = prefill_ms(model, state, prompt_tokens) + TYPICAL_OUTPUT_TOKENS * tpot
-        queue = ahead * service / p.max_concurrency
-    ttft = (p.efficiency.overhead_ms + queue + prefill_ms(model, state, prompt_tokens)) * state.observed.ttft_ratio
-    return Prediction(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=ttft + tpot * (out - 1), queue_ms=queue)
+        queue = ahead * service / room
+    # The prompt is prefilled after the prompts sent before it, a chunk per engine iteration, and every
+    # iteration also decodes one token for each running sequence.
+    prefill_tokens = state.prefill_backlog_tokens + prompt_tokens
+    iterations = -(-prefill_tokens // PREFILL_CHUNK_TOKENS)
+    batch_step = decode_step_ms(model, state, prompt_tokens + out // 2) if state.running else 0.0
+    prefill = prefill_ms(model, state, prefill_tokens) + iterations * batch_step
+    prior = p.efficiency.overhead_ms + queue + prefill
+    ttft = prior * state.observed.ttft_ratio
+    return Prediction(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=ttft + tpot * (out - 1), queue_ms=queue, prior_ttft_ms=prior)
+
+
+def slots(model: ModelSpec, state: BackendState, tokens_per_sequence: int) -> int:
+    """Sequences the backend runs at once: its concurrency limit, or fewer when the KV cache fills first."""
+    p = state.profile
+    kv_room = p.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
+    by_memory = int(kv_room / (model.kv_bytes_per_token * max(1, tokens_per_sequence)))
+    return max(1, min(p.max_concurrency, by_memory))
 
 
 def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> str | None:
@@ -64,10 +80,11 @@ def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_t
     return None
 
 
-def observe(previous: Observed, predicted_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> Observed:
-    """Fold one finished request into a backend's learned corrections."""
-    base = predicted_ttft_ms / previous.ttft_ratio if previous.ttft_ratio else predicted_ttft_ms
-    ratio = min(20.0, max(0.05, ttft_ms / base)) if base > 0 else previous.ttft_ratio
+def observe(previous: Observed, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> Observed:
+    """Fold one finished request into a backend's learned corrections; ``prior_ttft_ms`` is the
+    request's ``Prediction.prior_ttft_ms`` (not the corrected TTFT: the correction may have moved
+    since, and dividing it back out would feed the running average its own swings)."""
+    ratio = min(20.0, max(0.05, ttft_ms / prior_ttft_ms)) if prior_ttft_ms > 0 else previous.ttft_ratio
     new_ratio = ratio if previous.samples == 0 else (1 - ALPHA) * previous.ttft_ratio + ALPHA * ratio
     new_tpot = previous.tpot_ms
     if tpot_ms is not None:

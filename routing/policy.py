@@ -13,7 +13,7 @@ import fnmatch
 import hashlib
 from dataclasses import replace
 
-from routing.estimator import fit_problem, predict
+from routing.estimator import fit_problem, predict, slots
 from routing.types import (
     BackendState,
     Breaker,
@@ -31,6 +31,8 @@ from routing.types import (
 
 DEFAULT_MAX_TOKENS = 256
 """Output length assumed for predictions when the request does not cap it."""
+SAFE_RATIO = 0.5
+"""A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
 
 def _in(value: float | None, bounds: tuple[float | None, float | None]) -> bool:
@@ -91,11 +93,16 @@ def _budget_ratio(p: Prediction, f: RequestFeatures) -> float | None:
 
 
 def _budget_term(ratio: float | None, p: Prediction, fastest_e2e: float, closest_miss: float) -> float:
-    """1 down to 0.5 for meeting the budget with less to spare; below 0.5 for missing it, the closest
-    miss scoring 0.5; without a budget, speed relative to the fastest."""
+    """1 for meeting the budget with a safe margin (cost and load then pick among such backends, so
+    loose requests leave the fast backends to tight ones), down to 0.5 for just meeting it; below 0.5
+    for missing it, the closest miss scoring 0.5; without a budget, speed relative to the fastest."""
     if ratio is None:
         return fastest_e2e / p.e2e_ms if p.e2e_ms > 0 else 1.0
-    return 1 - 0.5 * ratio if ratio <= 1 else 0.5 * closest_miss / ratio
+    if ratio <= SAFE_RATIO:
+        return 1.0
+    if ratio <= 1:
+        return 1 - 0.5 * (ratio - SAFE_RATIO) / (1 - SAFE_RATIO)
+    return 0.5 * closest_miss / ratio
 
 
 def with_rule_defaults(f: RequestFeatures, rule: Rule | None) -> RequestFeatures:
@@ -135,7 +142,11 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
 
     predictions = {s.name: predict(model, s, f.prompt_tokens, out) for s in alive}
     fastest = min(p.e2e_ms for p in predictions.values())
-    cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / s.profile.max_concurrency for s in alive}
+    # The price of the capacity a request takes: its time on the backend over the sequences it runs at once.
+    cost = {
+        s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / slots(model, s, f.prompt_tokens + out)
+        for s in alive
+    }
     cheapest = min(cost.values())
     affine = max(alive, key=lambda s: _share(f.prefix_hash, s.name)).name
     ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}

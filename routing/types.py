@@ -85,6 +85,9 @@ class BackendState:
     load_fresh: bool = True
     """False when the engine's metrics are stale: running/waiting are then the gateway's own count."""
     kv_cache_usage: float | None = None
+    prefill_backlog_tokens: int = 0
+    """Prompt tokens sent to the backend that have not produced a first token yet: the prefill work
+    a new request waits behind (known for this gateway's own traffic)."""
     breaker: Breaker = Breaker.CLOSED
     recovery: float = 1.0
     """Half-open breakers let this share of traffic through, growing as requests succeed."""
@@ -168,6 +171,9 @@ class Prediction:
     tpot_ms: float
     e2e_ms: float
     queue_ms: float
+    prior_ttft_ms: float = 0.0
+    """The TTFT physics predicts before the backend's learned correction: what observations are
+    compared with (the correction may change between a prediction and its observation)."""
 
 
 @dataclass(frozen=True, slots=True)

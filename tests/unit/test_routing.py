@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import pytest
 
+from routing import load
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
-from routing.estimator import observe, predict
+from routing.estimator import observe, predict, slots
 from routing.features import InvalidHeader, features
 from routing.policy import choose
 from routing.types import (
@@ -139,7 +140,7 @@ def test_observed_latency_replaces_the_prior() -> None:
     prior = predict(LLAMA_8B, slow, 1000, 200).ttft_ms
     learned = Observed()
     for _ in range(10):  # each request was predicted with what had been learned so far, and took 10x the prior
-        predicted = predict(LLAMA_8B, replace(slow, observed=learned), 1000, 200).ttft_ms
+        predicted = predict(LLAMA_8B, replace(slow, observed=learned), 1000, 200).prior_ttft_ms
         learned = observe(learned, predicted, prior * 10, None)
     slow = replace(slow, observed=learned)
     assert predict(LLAMA_8B, slow, 1000, 200).ttft_ms == pytest.approx(prior * 10, rel=0.05)
@@ -191,3 +192,44 @@ def test_budget_headers() -> None:
     for bad in ("soon", "-5", "inf", "nan"):
         with pytest.raises(InvalidHeader):
             features("m", [], None, False, {"x-ttft-budget-ms": bad})
+
+
+def test_prompts_queued_for_prefill_delay_the_first_token() -> None:
+    idle = backend("a", "vllm", "A100-80GB")
+    behind = replace(backend("b", "vllm", "A100-80GB"), prefill_backlog_tokens=40_000)
+    assert predict(LLAMA_8B, behind, 1000, 200).ttft_ms > 10 * predict(LLAMA_8B, idle, 1000, 200).ttft_ms
+    # the backlog alone decides between twins: a tight request goes where no prompts wait
+    assert choose(ask(ttft_budget_ms=500), snap(behind, idle), Rules()).candidates[0].backend == "a"
+
+
+def test_a_full_kv_cache_queues_requests_before_the_slot_limit() -> None:
+    # 8B on an L4 leaves about 5.6 GB of KV cache: some 35 sequences of 1200 tokens, far fewer than 256 slots
+    l4 = backend("l4", "tgi", "L4", max_concurrency=256)
+    assert slots(LLAMA_8B, l4, 1200) < 40
+    assert predict(LLAMA_8B, replace(l4, running=30), 1000, 200).queue_ms == 0
+    assert predict(LLAMA_8B, replace(l4, running=60), 1000, 200).queue_ms > 0
+
+
+def test_observations_are_compared_with_the_uncorrected_prior() -> None:
+    """Requests in flight were predicted with older corrections: each is measured against its own prior."""
+    state = backend("a", "vllm", "A100-80GB")
+    first = predict(LLAMA_8B, state, 1000, 200)
+    learned = observe(Observed(), first.prior_ttft_ms, first.prior_ttft_ms * 2, None)
+    assert learned.ttft_ratio == pytest.approx(2)
+    # a second request predicted before the first finished took 2x its prior too: the ratio stays at 2
+    learned = observe(learned, first.prior_ttft_ms, first.prior_ttft_ms * 2, None)
+    assert learned.ttft_ratio == pytest.approx(2)
+    corrected = predict(LLAMA_8B, replace(state, observed=learned), 1000, 200)
+    assert corrected.prior_ttft_ms == pytest.approx(first.prior_ttft_ms)
+    assert corrected.ttft_ms == pytest.approx(2 * first.prior_ttft_ms)
+
+
+def test_engine_load_is_moved_by_the_gateways_own_requests_since_the_poll() -> None:
+    # the engine said 10 running at the poll, when 4 of ours were in flight; now 9 of ours are
+    assert load.current(10, 0, 4, 9, 64) == (15, 0)
+    # never below our own count (the engine cannot run fewer of ours than we have in flight)
+    assert load.current(2, 0, 8, 3, 64) == (3, 0)
+    # beyond the engine's slots the rest waits
+    assert load.current(60, 5, 0, 10, 64) == (64, 11)
+    # no (fresh) engine figures: our own count is all there is
+    assert load.current(None, None, 0, 7, 64) == (7, 0)

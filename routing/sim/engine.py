@@ -1,0 +1,193 @@
+"""One simulated engine instance: a queue in front of continuous batching.
+
+Each iteration (an engine "step") decodes one token for every running sequence and
+prefills up to ``PREFILL_CHUNK`` prompt tokens of sequences still reading their
+prompt (chunked prefill, as vLLM, TensorRT-LLM and TGI schedule it); how long a
+step takes comes from ``calibration.step_ms``, fitted to published numbers. A
+sequence's first token comes out of the step that finishes its prompt. Admission
+is FIFO while the batch has a free slot and the KV cache can hold the sequence's
+prompt and whole answer (reserved up front: no preemption, which keeps the model
+simple and only errs on the side of queueing). Taking a backend down fails what
+it holds.
+
+Cost per step is O(log n) in the batch: decoding sequences wait in a heap keyed by
+the step they finish at, and the batch's total context grows by the batch size
+each step, so nothing walks the whole batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
+from routing.sim.calibration import PERF, EnginePerf, family_for_engine, step_ms
+from routing.sim.workload import SimRequest
+from routing.types import BackendProfile, ModelSpec
+
+PREFILL_CHUNK = PREFILL_CHUNK_TOKENS
+"""Prompt tokens per step: the engines' default token budget per iteration (an engine setting, so the
+routing catalog and the simulator share it)."""
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """A request on its way through the fleet, with what happened to it."""
+
+    request: SimRequest
+    model: str
+    backend: str = ""
+    attempts: int = 0
+    first_token_s: float | None = None
+    done_s: float | None = None
+    failed: bool = False
+    rejected: bool = False
+    prefill_left: int = 0
+    finish_step: int = 0
+    predicted_ttft_ms: float | None = None
+    prior_ttft_ms: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.request.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.done_s is None else self.done_s - self.request.arrival_s
+
+    @property
+    def within_budget(self) -> bool:
+        r = self.request
+        if self.failed or self.rejected or self.done_s is None or self.first_token_s is None:
+            return False
+        ttft_ok = r.ttft_budget_ms is None or (self.first_token_s - r.arrival_s) * 1000 <= r.ttft_budget_ms
+        e2e_ok = r.latency_budget_ms is None or (self.done_s - r.arrival_s) * 1000 <= r.latency_budget_ms
+        return ttft_ok and e2e_ok
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one finished step produced: sequences that got their first token and those that finished."""
+
+    first_tokens: list[Job] = field(default_factory=list)
+    finished: list[Job] = field(default_factory=list)
+
+
+class SimEngine:
+    def __init__(self, profile: BackendProfile, model: ModelSpec, perf: EnginePerf | None = None) -> None:
+        self.profile = profile
+        self.model = model
+        self.perf = perf or PERF[family_for_engine(profile.engine, profile.gpu.name)]
+        self.name = profile.name
+        self.max_batch = profile.max_concurrency
+        free = profile.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
+        self.kv_tokens = max(0, int(free / model.kv_bytes_per_token))
+        self.up = True
+        self.waiting: deque[Job] = deque()
+        self.prefilling: list[Job] = []
+        self._decoding: list[tuple[int, int, Job]] = []
+        self._ctx = 0
+        """Total context of the decoding sequences."""
+        self._kv_used = 0
+        self._step = 0
+        self.busy_s = 0.0
+        self.stepping = False
+        self._planned: list[tuple[Job, int]] = []
+        self._serial = 0
+
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + len(self._decoding)
+
+    def fits(self, job: Job) -> bool:
+        """Whether the KV cache could ever hold this request (else it can only fail here)."""
+        return self._need(job) <= self.kv_tokens
+
+    def _need(self, job: Job) -> int:
+        return job.request.prompt_tokens + job.request.output_tokens
+
+    def submit(self, job: Job) -> None:
+        job.backend = self.name
+        job.attempts += 1
+        self.waiting.append(job)
+
+    def start_step(self) -> float | None:
+        """Plan the next step; its duration in seconds, or None when there is nothing to do."""
+        while self.waiting and self.running < self.max_batch:
+            job = self.waiting[0]
+            if self._kv_used + self._need(job) > self.kv_tokens:
+                break
+            self.waiting.popleft()
+            self._kv_used += self._need(job)
+            job.prefill_left = job.request.prompt_tokens
+            self.prefilling.append(job)
+        if not self.prefilling and not self._decoding:
+            self.stepping = False
+            return None
+        budget = PREFILL_CHUNK
+        self._planned = []
+        for job in self.prefilling:
+            if budget <= 0:
+                break
+            take = min(job.prefill_left, budget)
+            self._planned.append((job, take))
+            budget -= take
+        p = self.profile
+        ms = step_ms(
+            self.perf, p.gpu, p.gpu_count, self.model.params_b, self.model.bytes_per_param,
+            self.model.kv_bytes_per_token, len(self._decoding), self._ctx, PREFILL_CHUNK - budget,
+        )  # fmt: skip
+        self.stepping = True
+        return ms / 1000
+
+    def end_step(self, now: float, duration_s: float) -> StepResult:
+        """Apply the step planned by ``start_step`` (which took ``duration_s``), at time ``now``."""
+        self.busy_s += duration_s
+        self._step += 1
+        self._ctx += len(self._decoding)  # every decoding sequence gained a token
+        result = StepResult()
+        while self._decoding and self._decoding[0][0] <= self._step:
+            _, _, job = heapq.heappop(self._decoding)
+            self._finish(job, now, result)
+        done_prefill = []
+        for job, take in self._planned:
+            job.prefill_left -= take
+            if job.prefill_left == 0:
+                done_prefill.append(job)
+        self._planned = []
+        for job in done_prefill:
+            self.prefilling.remove(job)
+            job.first_token_s = now
+            result.first_tokens.append(job)
+            remaining = job.request.output_tokens - 1
+            if remaining <= 0:
+                self._finish_unqueued(job, now, result)
+                continue
+            job.finish_step = self._step + remaining
+            self._ctx += job.request.prompt_tokens + 1
+            self._serial += 1
+            heapq.heappush(self._decoding, (job.finish_step, self._serial, job))
+        return result
+
+    def _finish(self, job: Job, now: float, result: StepResult) -> None:
+        self._ctx -= job.request.prompt_tokens + job.request.output_tokens
+        self._finish_unqueued(job, now, result)
+
+    def _finish_unqueued(self, job: Job, now: float, result: StepResult) -> None:
+        self._kv_used -= self._need(job)
+        job.done_s = now
+        result.finished.append(job)
+
+    def take_down(self) -> list[Job]:
+        """The backend fails: everything it holds is handed back (the caller fails or re-routes it)."""
+        lost = [*self.waiting, *self.prefilling, *(job for _, _, job in self._decoding)]
+        self.waiting.clear()
+        self.prefilling.clear()
+        self._decoding.clear()
+        self._planned = []
+        self._ctx = 0
+        self._kv_used = 0
+        self.up = False
+        self.stepping = False
+        return lost

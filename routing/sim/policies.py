@@ -1,0 +1,211 @@
+"""The routing policies the simulator compares: enginegate's own and the peers' usual ones.
+
+Every policy sees the same ``BackendView``s: backends that serve the request's model,
+are up and can hold the request (context and memory, as LiteLLM's pre-call checks and
+any sane router do), with the router's own in-flight count and the engine gauges of
+the last poll. Baselines follow their projects' documentation:
+
+- ``round_robin``: next backend in turn.
+- ``random``: uniform choice (LiteLLM's default ``simple-shuffle`` without weights).
+- ``least_busy``: fewest requests in flight from this router (LiteLLM ``least-busy``).
+- ``latency``: lowest average of the last ten observed latencies, untried backends
+  first (LiteLLM ``latency-based-routing``: time to first token for streamed
+  requests, else response time per completion token).
+- ``static``: the usual engine decision tree, round-robin inside the chosen group:
+  big models to multi-GPU backends, tight first-token budgets to TensorRT-LLM, other
+  interactive and bounded work to vLLM, batch work to the cheapest backends (CPU).
+- ``enginegate``: ``routing.policy.choose`` on a snapshot built the way the gateway's
+  fleet builds it, learning from completed requests through ``routing.estimator.observe``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from routing import load
+from routing.estimator import observe
+from routing.policy import choose
+from routing.sim.engine import Job, SimEngine
+from routing.types import BackendState, FleetSnapshot, ModelSpec, Observed, Reason, RequestFeatures, Rules
+
+LATENCY_WINDOW = 10
+"""LiteLLM keeps the last ten latencies per deployment."""
+TIGHT_TTFT_MS = 1000.0
+"""The static table's line between "tight latency" and ordinary interactive budgets."""
+BIG_MODEL_B = 30.0
+
+
+@dataclass(eq=False)
+class BackendView:
+    engine: SimEngine
+    in_flight: int = 0
+    """Requests this router sent there that have not finished."""
+    polled: tuple[int, int] | None = None
+    """(running, waiting) the engine reported at the last poll."""
+    in_flight_at_poll: int = 0
+    prefill_backlog: int = 0
+    """Prompt tokens of this router's requests there that have no first token yet."""
+    ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    per_token: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    observed: Observed = field(default_factory=Observed)
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+
+class Policy(Protocol):
+    name: str
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView | None:
+        """Where ``job`` goes among ``views`` (never empty); None rejects it."""
+
+    def finished(self, job: Job, view: BackendView) -> None: ...
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView:
+        self._turn += 1
+        return views[self._turn % len(views)]
+
+    def finished(self, job: Job, view: BackendView) -> None:
+        pass
+
+
+class Random:
+    name = "random"
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView:
+        return self._rng.choice(views)
+
+    def finished(self, job: Job, view: BackendView) -> None:
+        pass
+
+
+class LeastBusy:
+    name = "least_busy"
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView:
+        fewest = min(v.in_flight for v in views)
+        return self._rng.choice([v for v in views if v.in_flight == fewest])
+
+    def finished(self, job: Job, view: BackendView) -> None:
+        pass
+
+
+class LowestLatency:
+    name = "latency"
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    @staticmethod
+    def _streamed(job: Job) -> bool:
+        return job.request.ttft_budget_ms is not None  # chat and agent clients stream; batch jobs do not
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView:
+        def average(v: BackendView) -> float:
+            values = v.ttfts if self._streamed(job) else v.per_token
+            return sum(values) / len(values) if values else 0.0
+
+        best = min(average(v) for v in views)
+        return self._rng.choice([v for v in views if average(v) == best])
+
+    def finished(self, job: Job, view: BackendView) -> None:
+        if job.ttft_s is not None:
+            view.ttfts.append(job.ttft_s)
+        if job.e2e_s is not None:
+            view.per_token.append(job.e2e_s / max(1, job.request.output_tokens))
+
+
+class StaticTable:
+    name = "static"
+
+    def __init__(self) -> None:
+        self._turns: dict[str, int] = {}
+
+    @staticmethod
+    def group(job: Job, params_b: float, views: Sequence[BackendView]) -> tuple[str, list[BackendView]]:
+        r = job.request
+        if params_b >= BIG_MODEL_B:
+            return "multi_gpu", [v for v in views if v.engine.profile.gpu_count > 1]
+        if r.ttft_budget_ms is not None and r.ttft_budget_ms <= TIGHT_TTFT_MS:
+            return "tensorrt", [v for v in views if v.engine.profile.engine in ("trtllm_serve", "triton_trtllm")]
+        if r.ttft_budget_ms is not None or (r.latency_budget_ms is not None and r.latency_budget_ms <= 30000):
+            return "vllm", [v for v in views if v.engine.profile.engine == "vllm"]
+        cheapest = min(v.engine.profile.cost_per_hour for v in views)
+        return "cheap", [v for v in views if v.engine.profile.cost_per_hour == cheapest]
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView:
+        name, group = self.group(job, views[0].engine.model.params_b, views)
+        group = group or list(views)  # the table's engine is missing or down: anything that serves
+        turn = self._turns[name] = self._turns.get(name, -1) + 1
+        return group[turn % len(group)]
+
+    def finished(self, job: Job, view: BackendView) -> None:
+        pass
+
+
+class Enginegate:
+    name = "enginegate"
+
+    def __init__(self, rules: Rules, models: dict[str, ModelSpec]) -> None:
+        self._rules = rules
+        self._models = models
+
+    def state(self, v: BackendView) -> BackendState:
+        p = v.engine.profile
+        polled_running, polled_waiting = v.polled if v.polled is not None else (None, None)
+        running, waiting = load.current(polled_running, polled_waiting, v.in_flight_at_poll, v.in_flight,
+                                        p.max_concurrency)  # fmt: skip
+        return BackendState(
+            profile=p, running=running, waiting=waiting, prefill_backlog_tokens=v.prefill_backlog, observed=v.observed
+        )
+
+    def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView | None:
+        r = job.request
+        features = RequestFeatures(
+            model=job.model,
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=None,  # clients rarely say how long the answer will be; routing must not peek
+            stream=r.ttft_budget_ms is not None,
+            latency_budget_ms=r.latency_budget_ms,
+            ttft_budget_ms=r.ttft_budget_ms,
+            prefix_hash=r.id,
+        )
+        snapshot = FleetSnapshot(tuple(self.state(v) for v in views), self._models)
+        decision = choose(features, snapshot, self._rules)
+        if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
+            return None  # the gateway answers 429 (strict mode) rather than queue hopeless work
+        first = decision.candidates[0]
+        job.predicted_ttft_ms = first.prediction.ttft_ms
+        job.prior_ttft_ms = first.prediction.prior_ttft_ms
+        return next(v for v in views if v.name == first.backend)
+
+    def finished(self, job: Job, view: BackendView) -> None:
+        ttft, e2e = job.ttft_s, job.e2e_s
+        if ttft is None or e2e is None:
+            return
+        out = job.request.output_tokens
+        tpot_ms = (e2e - ttft) * 1000 / (out - 1) if out > 1 else None
+        prior = job.prior_ttft_ms if job.prior_ttft_ms is not None else ttft * 1000
+        view.observed = observe(view.observed, prior, ttft * 1000, tpot_ms)
+
+
+def all_policies(rules: Rules, models: dict[str, ModelSpec], seed: int) -> list[Policy]:
+    return [RoundRobin(), Random(seed), LeastBusy(seed), LowestLatency(seed), StaticTable(), Enginegate(rules, models)]

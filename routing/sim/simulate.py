@@ -1,0 +1,246 @@
+"""The discrete-event loop: arrivals, engine steps, load polls and outages, one policy at a time.
+
+Every policy replays the same requests on a fresh copy of the same fleet. Events are
+processed in time order (ties in the order they were scheduled), so a run is a pure
+function of its inputs and seed.
+
+What the policies see, the same for all: health at once (an outage is noticed when it
+starts), the router's own in-flight counts at once, and engine gauges (running,
+waiting) as of the last poll, every ``poll_s`` like the gateway's poller. A request
+on a backend that goes down before its first token is routed again (the gateway's
+failover); one that had started streaming fails.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from routing.catalog import PREFILL_CHUNK_TOKENS
+from routing.sim.calibration import step_ms
+from routing.sim.engine import Job, SimEngine
+from routing.sim.policies import BackendView, Policy
+from routing.sim.workload import SimRequest
+from routing.types import BackendProfile, ModelSpec, Rules
+
+_ARRIVAL, _STEP, _POLL, _DOWN, _UP = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    backend: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SimFleet:
+    """What is simulated: backends (as the gateway's config describes them), models and routing rules."""
+
+    profiles: tuple[BackendProfile, ...]
+    models: dict[str, ModelSpec]
+    rules: Rules = field(default_factory=Rules)
+    poll_s: float = 5.0
+    outages: tuple[Outage, ...] = ()
+
+    def engines(self) -> list[SimEngine]:
+        return [SimEngine(p, self.models[_model_of(p)]) for p in self.profiles]
+
+
+def _model_of(profile: BackendProfile) -> str:
+    if len(profile.models) != 1:
+        raise ValueError(f"backend {profile.name}: the simulator runs one model per backend")
+    return next(iter(profile.models))
+
+
+@dataclass(frozen=True)
+class Result:
+    policy: str
+    jobs: tuple[Job, ...]
+    span_s: float
+    """From the first arrival to the last: the window goodput and the fleet's cost are counted over
+    (busy time also counts the work that drains after it)."""
+    busy_s: dict[str, float]
+    cost_per_hour: dict[str, float]
+
+    @property
+    def attainment(self) -> float:
+        return sum(j.within_budget for j in self.jobs) / len(self.jobs) if self.jobs else 0.0
+
+    def attainment_of(self, klass: str) -> float:
+        jobs = [j for j in self.jobs if j.request.klass == klass]
+        return sum(j.within_budget for j in jobs) / len(jobs) if jobs else float("nan")
+
+    @property
+    def goodput(self) -> float:
+        """Requests answered within budget per second."""
+        return sum(j.within_budget for j in self.jobs) / self.span_s
+
+    @property
+    def failed(self) -> int:
+        return sum(j.failed for j in self.jobs)
+
+    @property
+    def rejected(self) -> int:
+        return sum(j.rejected for j in self.jobs)
+
+    def percentile(self, what: str, q: float) -> float:
+        """Seconds; over answered requests. ``what``: ``ttft`` or ``e2e``."""
+        values = sorted(v for j in self.jobs if (v := j.ttft_s if what == "ttft" else j.e2e_s) is not None)
+        if not values:
+            return float("nan")
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """Busy time over the arrival window (above 100% when a backlog drains after it)."""
+        return {name: busy / self.span_s for name, busy in self.busy_s.items()}
+
+    @property
+    def busy_cost(self) -> float:
+        """GPU cost of the time backends were working (what a fleet that scales idle capacity away pays)."""
+        return sum(self.cost_per_hour[n] * busy / 3600 for n, busy in self.busy_s.items())
+
+    @property
+    def fleet_cost(self) -> float:
+        """GPU cost of keeping every backend up for the whole run (the same for every policy)."""
+        return sum(c * self.span_s / 3600 for c in self.cost_per_hour.values())
+
+
+def assign_models(requests: Sequence[SimRequest], shares: Sequence[tuple[str, float]], seed: int) -> list[str]:
+    """A model for each request, drawn from ``shares`` with its own seeded generator."""
+    rng = random.Random(seed ^ 0x5EED)
+    names = [name for name, _ in shares]
+    weights = [share for _, share in shares]
+    return [rng.choices(names, weights)[0] for _ in requests] if len(names) > 1 else [names[0]] * len(requests)
+
+
+def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[str], policy: Policy) -> Result:
+    """Replay ``requests`` (``models[i]`` is request i's model) through ``policy``, a fresh instance
+    (policies learn as they go), on a fresh copy of the fleet."""
+    engines = fleet.engines()
+    views = {e.name: BackendView(e) for e in engines}
+    by_model: dict[str, list[BackendView]] = {}
+    for v in views.values():
+        by_model.setdefault(v.engine.model.name, []).append(v)
+    jobs = [Job(r, m) for r, m in zip(requests, models, strict=True)]
+    events: list[tuple[float, int, int, object]] = []
+    serial = 0
+    epochs = {e.name: 0 for e in engines}
+
+    def schedule(at: float, kind: int, payload: object) -> None:
+        nonlocal serial
+        serial += 1
+        heapq.heappush(events, (at, serial, kind, payload))
+
+    def kick(engine: SimEngine, now: float) -> None:
+        if engine.stepping or not engine.up:
+            return
+        duration = engine.start_step()
+        if duration is not None:
+            schedule(now + duration, _STEP, (engine, epochs[engine.name], duration))
+
+    def dispatch(job: Job, now: float) -> None:
+        candidates = [v for v in by_model.get(job.model, ()) if v.engine.up and v.engine.fits(job)]
+        choice = policy.pick(job, candidates) if candidates else None
+        if choice is None:
+            job.rejected = True
+            return
+        choice.in_flight += 1
+        choice.prefill_backlog += job.request.prompt_tokens
+        choice.engine.submit(job)
+        kick(choice.engine, now)
+
+    for job in jobs:
+        schedule(job.request.arrival_s, _ARRIVAL, job)
+    end = max((r.arrival_s for r in requests), default=0.0)
+    for outage in fleet.outages:
+        schedule(outage.start_s, _DOWN, outage.backend)
+        schedule(outage.end_s, _UP, outage.backend)
+    schedule(0.0, _POLL, None)
+    now = 0.0
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == _ARRIVAL:
+            assert isinstance(payload, Job)
+            dispatch(payload, now)
+        elif kind == _STEP:
+            engine, epoch, duration = cast(tuple[SimEngine, int, float], payload)
+            if epoch != epochs[engine.name]:
+                continue  # planned before an outage wiped the engine
+            result = engine.end_step(now, duration)
+            view = views[engine.name]
+            for job in result.first_tokens:
+                view.prefill_backlog -= job.request.prompt_tokens
+            for job in result.finished:
+                view.in_flight -= 1
+                policy.finished(job, view)
+            engine.stepping = False
+            kick(engine, now)
+        elif kind == _POLL:
+            for v in views.values():
+                v.polled = (v.engine.running, len(v.engine.waiting)) if v.engine.up else None
+                v.in_flight_at_poll = v.in_flight
+            if now < end:
+                schedule(now + fleet.poll_s, _POLL, None)
+        elif kind == _DOWN:
+            down = views[str(payload)].engine
+            epochs[down.name] += 1
+            lost = down.take_down()
+            views[down.name].in_flight -= len(lost)
+            views[down.name].prefill_backlog = 0
+            for job in lost:
+                if job.first_token_s is None:
+                    dispatch(job, now)  # failover: nothing was sent to the client yet
+                else:
+                    job.failed = True
+        elif kind == _UP:
+            views[str(payload)].engine.up = True
+    return Result(
+        policy=policy.name,
+        jobs=tuple(jobs),
+        span_s=end if end > 0 else 1.0,
+        busy_s={e.name: e.busy_s for e in engines},
+        cost_per_hour={e.name: e.profile.cost_per_hour for e in engines},
+    )
+
+
+def backend_capacity_rps(engine: SimEngine, prompt: float, out: float) -> float:
+    """Requests per second one backend sustains at best on requests of these mean sizes.
+
+    In a steady state at batch B every step decodes B tokens and prefills B x prompt / out prompt
+    tokens (each prompt once per answer), at most a chunk per step; the best B (up to the slots and
+    the KV cache) gives the capacity.
+    """
+    p = engine.profile
+    limit = max(1, min(engine.max_batch, int(engine.kv_tokens / (prompt + out))))
+    best = 0.0
+    batch = 1
+    while True:
+        prefill = min(PREFILL_CHUNK_TOKENS, batch * prompt / out)
+        ms = step_ms(
+            engine.perf, p.gpu, p.gpu_count, engine.model.params_b, engine.model.bytes_per_param,
+            engine.model.kv_bytes_per_token, batch, batch * (prompt + out / 2), prefill,
+        )  # fmt: skip
+        best = max(best, min(batch / out, prefill / prompt) / (ms / 1000))
+        if batch >= limit:
+            return best
+        batch = min(limit, batch * 2)
+
+
+def capacity_rps(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[str]) -> float:
+    """The request rate at which this fleet saturates on this workload (an estimate): per model, the
+    sum of its backends' capacities on the model's mean request; the fleet's, the smallest ratio of a
+    model's capacity to its share of the requests."""
+    total = len(requests)
+    fleet_capacity = float("inf")
+    for model in sorted(set(models)):
+        mine = [r for r, m in zip(requests, models, strict=True) if m == model]
+        prompt = sum(r.prompt_tokens for r in mine) / len(mine)
+        out = sum(r.output_tokens for r in mine) / len(mine)
+        capacity = sum(backend_capacity_rps(e, prompt, out) for e in fleet.engines() if e.model.name == model)
+        fleet_capacity = min(fleet_capacity, capacity / (len(mine) / total))
+    return fleet_capacity
