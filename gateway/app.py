@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import re
 import signal
@@ -147,6 +148,7 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(signal.SIGHUP)
             await state.fleet.aclose()
+            state.metrics.close()
 
     return lifespan
 
@@ -193,6 +195,16 @@ def _routes(state: AppState) -> list[Route]:
         Route("/metrics", metrics, methods=["GET"]),
         *admin_routes(state),
     ]
+
+
+def from_environment() -> ASGIApp:
+    """The app of one worker process (``serve --workers``): config and logging from the environment."""
+    from gateway.cli import default_config
+    from gateway.config import load_config
+    from gateway.logs import configure
+
+    configure(os.environ.get("ENGINEGATE_LOG_LEVEL", "info"), os.environ.get("ENGINEGATE_LOG_FORMAT", "json"))
+    return create_app(load_config(default_config()))
 
 
 def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LoadedConfig, load_config
 
@@ -139,23 +140,43 @@ def _serve(args: argparse.Namespace) -> int:
     loaded = _load(args.config)
     if loaded is None:
         return 1
-    try:
-        app = create_app(loaded)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+    if args.workers < 1:
+        print("--workers must be at least 1", file=sys.stderr)
         return 1
     server = loaded.config.server
-    uvicorn.run(
-        app,
-        host=args.host or server.host,
-        port=server.port if args.port is None else args.port,
-        log_level=args.log_level,
-        log_config=None,  # keep the handler configured above (JSON by default)
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    options: dict[str, Any] = {
+        "host": args.host or server.host,
+        "port": server.port if args.port is None else args.port,
+        "log_level": args.log_level,
+        "log_config": None,  # keep the handler configured above (JSON by default)
+        "access_log": False,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 10,
+    }
+    if args.workers == 1:
+        try:
+            app = create_app(loaded)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            return 1
+        uvicorn.run(app, **options)
+        return 0
+    # Several processes: each builds its own app from the environment, and metrics go through
+    # prometheus-client's shared directory so that /metrics counts every worker's requests.
+    from gateway.metrics import MULTIPROCESS_ENV
+
+    shared = os.environ.get(MULTIPROCESS_ENV)
+    directory = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="enginegate-metrics-"))
+    for stale in directory.glob("*.db"):  # values of an earlier run must not be added to this one
+        stale.unlink()
+    os.environ |= {
+        MULTIPROCESS_ENV: str(directory),
+        "ENGINEGATE_CONFIG": str(args.config.resolve()),
+        "ENGINEGATE_LOG_LEVEL": args.log_level,
+        "ENGINEGATE_LOG_FORMAT": args.log_format,
+    }
+    uvicorn.run("gateway.app:from_environment", factory=True, workers=args.workers, **options)
     return 0
 
 
@@ -168,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", default="json", choices=["json", "text"])
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (metrics are shared)")
     serve.set_defaults(func=_serve)
     config = sub.add_parser("config", help="work with config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -84,6 +84,8 @@ class Fleet:
         self._stale = stale_s
         self._task: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        self.after_poll: Callable[[], None] = lambda: None
+        """Called after every poll (metrics refresh their backend gauges from it)."""
 
     @property
     def backends(self) -> dict[str, Backend]:
@@ -172,6 +174,7 @@ class Fleet:
                 entry.load, entry.load_at, entry.in_flight_at_poll = load, time.monotonic(), entry.in_flight
 
         await asyncio.gather(*(one(e) for e in list(self.entries.values())))
+        self.after_poll()
 
     async def _poll_forever(self) -> None:
         while True:

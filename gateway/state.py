@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from gateway.catalog import rules as build_rules
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
 from gateway.engines import BackendFactory
 from gateway.fleet import Entry, Fleet, reconcile
-from gateway.metrics import Metrics
+from gateway.metrics import MULTIPROCESS_ENV, Metrics
 from routing.types import Rules
 
 log = logging.getLogger("enginegate.config")
@@ -50,7 +51,13 @@ class AppState:
         entries, models, _ = reconcile(loaded, factory, {})
         cfg = loaded.config
         self.fleet = Fleet(entries, models, cfg.limits.health_interval_s, cfg.routing.stale_after_s)
-        self.metrics = Metrics(lambda: self.fleet.backends, lambda: self.fleet.snapshot(), self.runtime.model_names)
+        self.metrics = Metrics(
+            lambda: self.fleet.backends,
+            lambda: self.fleet.snapshot(),
+            self.runtime.model_names,
+            multiprocess_dir=os.environ.get(MULTIPROCESS_ENV) or None,
+        )
+        self.fleet.after_poll = self.metrics.fleet.refresh
         self.started = int(time.time())
         self._reloading = asyncio.Lock()
 

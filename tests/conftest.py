@@ -46,14 +46,26 @@ def wait_ready(
 class GatewayProcess:
     """``enginegate serve`` as users run it, in its own process, on a free port."""
 
-    def __init__(self, config: Path, cache_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, cache_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = config.with_suffix(".log")
         env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir), **(env or {})}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(self.port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "serve",
+                    "--config",
+                    str(config),
+                    "--port",
+                    str(self.port),
+                    *args,
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=out,

@@ -6,10 +6,11 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import httpx
 
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, write_config
 
 SECRET = "purple elephant pancake"
 
@@ -58,3 +59,38 @@ def test_logs_are_json_with_request_context_and_never_prompt_text(gateway: Gatew
     assert entry["route_reason"] == "no_budget" and entry["completion_tokens"] == 5 and entry["ttft_ms"] > 0
     log_text = gateway.log.read_text()
     assert SECRET not in log_text and "sk-not-logged" not in log_text
+
+
+def test_metrics_count_every_workers_requests(tmp_path: Path, cache_dir: Path) -> None:
+    """Two worker processes (prometheus-client's multiprocess mode): whichever worker answers the
+    scrape, the counters hold the requests both served."""
+    config = write_config(
+        tmp_path / "workers.yaml",
+        """
+limits: {health_interval_s: 0.5}
+models: [{name: enginegate-demo, gguf: "{GGUF}"}]
+backends: [{name: ct2-main, engine: ctranslate2, model: enginegate-demo}]
+""",
+    )
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    gw = GatewayProcess(config, cache_dir, env={"PROMETHEUS_MULTIPROC_DIR": str(shared)}, args=("--workers", "2"))
+    try:
+        body = {"model": "enginegate-demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
+        for _ in range(30):  # a new connection each time: the workers take turns accepting
+            assert httpx.post(f"{gw.base_url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+        pids = {p.stem.rsplit("_", 1)[-1] for p in shared.glob("*.db")}
+        assert len(pids) == 2, sorted(p.name for p in shared.glob("*.db"))
+        for _ in range(4):
+            text = httpx.get(f"{gw.base_url}/metrics").text
+            served = (
+                r'enginegate_requests_total\{backend="ct2-main",model="enginegate-demo",outcome="ok",route="chat"\}'
+            )
+            assert re.search(rf"^{served} 30\.0$", text, re.M), text
+            assert re.search(r'^enginegate_requests_in_flight\{route="chat"\} 0\.0$', text, re.M)
+            assert re.search(r'^enginegate_backend_up\{backend="ct2-main"\} 1\.0$', text, re.M)
+        check = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=text,
+                               capture_output=True, text=True)  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        gw.stop()
