@@ -31,6 +31,9 @@ from routing.types import (
 
 DEFAULT_MAX_TOKENS = 256
 """Output length assumed for predictions when the request does not cap it."""
+HOPELESS_RATIO = 2.0
+"""Predicted at more than this multiple of its budget on every backend, a request goes where it
+disturbs least (the least loaded backend) rather than where it misses least."""
 SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
@@ -143,10 +146,8 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     predictions = {s.name: predict(model, s, f.prompt_tokens, out) for s in alive}
     fastest = min(p.e2e_ms for p in predictions.values())
     # The price of the capacity a request takes: its time on the backend over the sequences it runs at once.
-    cost = {
-        s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / slots(model, s, f.prompt_tokens + out)
-        for s in alive
-    }
+    room = {s.name: slots(model, s, f.prompt_tokens + out) for s in alive}
+    cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / room[s.name] for s in alive}
     cheapest = min(cost.values())
     affine = max(alive, key=lambda s: _share(f.prefix_hash, s.name)).name
     ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}
@@ -159,7 +160,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         terms = {
             "budget": _budget_term(ratios[s.name], p, fastest, closest_miss),
             "cost": cheapest / cost[s.name] if cost[s.name] > 0 else 1.0,
-            "load": max(0.0, 1 - (s.running + s.waiting) / s.profile.max_concurrency),
+            "load": max(0.0, 1 - (s.running + s.waiting) / room[s.name]),
             "affinity": 1.0 if s.name == affine else 0.0,
         }
         score = (w.budget * terms["budget"] + w.cost * terms["cost"] + w.load * terms["load"]) / total
@@ -167,11 +168,14 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         candidates.append(Candidate(s.name, round(score, 6), p, _meets(p, f), terms))
 
     states = {s.name: s for s in alive}
+    # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its
+    # budget it would only take that backend's capacity from requests that can still make theirs.
+    hopeless = closest_miss > HOPELESS_RATIO and not any(c.meets_budget for c in candidates)
 
-    def rank(c: Candidate) -> tuple[int, int, float]:
+    def rank(c: Candidate) -> tuple[int, int, float, float]:
         s = states[c.backend]
         preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
-        return (0 if c.meets_budget else 1, preference, -c.score)
+        return (0 if c.meets_budget else 1, preference, -c.terms["load"] if hopeless else 0.0, -c.score)
 
     ranked = tuple(sorted(candidates, key=rank))
     has_budget = any(b is not None for b in (f.ttft_budget_ms, f.latency_budget_ms, f.tpot_budget_ms))

@@ -233,3 +233,15 @@ def test_engine_load_is_moved_by_the_gateways_own_requests_since_the_poll() -> N
     assert load.current(60, 5, 0, 10, 64) == (64, 11)
     # no (fresh) engine figures: our own count is all there is
     assert load.current(None, None, 0, 7, 64) == (7, 0)
+
+
+def test_a_hopeless_request_goes_where_it_disturbs_least_not_where_it_misses_least() -> None:
+    fast = replace(backend("fast", "trtllm_serve", "H100"), running=40)
+    slow = backend("slow", "vllm", "A100-80GB")
+    # 1 ms is out of reach everywhere: the idle backend takes it, the busy fast one keeps serving others
+    hopeless = choose(ask(ttft_budget_ms=1), snap(fast, slow), Rules())
+    assert hopeless.reason is Reason.BEST_EFFORT and hopeless.candidates[0].backend == "slow"
+    # a near miss still goes where it misses least: it may yet make it
+    near = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in (fast, slow)) * 0.8
+    closest = min((fast, slow), key=lambda s: predict(LLAMA_8B, s, 1000, 200).ttft_ms).name
+    assert choose(ask(ttft_budget_ms=near), snap(fast, slow), Rules()).candidates[0].backend == closest
