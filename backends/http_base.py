@@ -9,25 +9,25 @@ from the engine's own cheap endpoints.
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
-from yarl import URL
 
 from backends import http_errors
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
+from backends.http_client import ConnectError, HttpClient, HttpError, Response
 from backends.prom_text import LoadMap, read_load
 from backends.sse import iter_events
 from backends.text import ChatRenderer
 
-# Largest SSE line or header accepted from an engine (a final event can carry a whole long answer).
+# Largest response head, and most body bytes held unread, accepted from an engine (a final SSE event
+# can carry a whole long answer).
 READ_BUFFER = 8 * 1024 * 1024
-_JSON = {"content-type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -56,34 +56,24 @@ class HttpBackend(abc.ABC):
         self.name = name
         self._model = model
         self.settings = settings
-        self._base = settings.url.rstrip("/")
-        self._headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self._session: aiohttp.ClientSession | None = None
+        self._http: HttpClient | None = None
         self._chat = ChatRenderer(settings.chat_template)
         self.in_flight = 0
-        self._urls: dict[str, URL] = {}
 
-    def _client(self) -> aiohttp.ClientSession:
-        """The pooled session, made on first use inside the event loop that serves this backend."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.settings.max_connections, limit_per_host=0),
-                headers=self._headers,
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.settings.connect_timeout_s, sock_read=self.settings.read_timeout_s
-                ),
-                read_bufsize=READ_BUFFER,
-                max_line_size=READ_BUFFER,
-                max_field_size=READ_BUFFER,
+    def _client(self) -> HttpClient:
+        """The pooled client, made on first use (and again after ``aclose``)."""
+        client = self._http
+        if client is None or client.closed:
+            settings = self.settings
+            client = self._http = HttpClient(
+                settings.url,
+                max_connections=settings.max_connections,
+                connect_timeout_s=settings.connect_timeout_s,
+                read_timeout_s=settings.read_timeout_s,
+                read_limit=READ_BUFFER,
+                api_key=settings.api_key,
             )
-        return self._session
-
-    def _url(self, path: str) -> URL:
-        """Parsed once per path: aiohttp would otherwise parse the string on every request."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = URL(self._base + path)
-        return url
+        return client
 
     def models(self) -> list[str]:
         return [self._model]
@@ -93,22 +83,26 @@ class HttpBackend(abc.ABC):
         """The engine's stream as neutral chunks (an async generator in every subclass)."""
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._http is not None:
+            await self._http.aclose()
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         return self._chat.render(messages)
 
     async def probe(self, path: str) -> tuple[int, bytes]:
-        """GET one of the engine's cheap endpoints: (status, body); raises OSError-like errors as they come."""
-        timeout = aiohttp.ClientTimeout(total=self.settings.connect_timeout_s + 3)
-        async with self._client().get(self._base + path, timeout=timeout) as resp:
-            return resp.status, await resp.read()
+        """GET one of the engine's cheap endpoints: (status, body); raises ``OSError`` (``HttpError``,
+        ``TimeoutError``) as they come."""
+        async with asyncio.timeout(self.settings.connect_timeout_s + 3):
+            response = await self._client().request("GET", path)
+            try:
+                return response.status, await response.read()
+            finally:
+                response.release()
 
     async def health(self) -> Health:
         try:
             status, body = await self.probe(self.health_path)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except OSError as exc:
             return Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
         return Health(ok=status == 200, detail="" if status == 200 else body[:200].decode("utf-8", "replace"))
 
@@ -122,7 +116,7 @@ class HttpBackend(abc.ABC):
             return None
         try:
             status, body = await self.probe(self.metrics_path)
-        except (aiohttp.ClientError, TimeoutError):
+        except OSError:
             return None
         if status != 200:
             return None
@@ -134,20 +128,20 @@ class HttpBackend(abc.ABC):
     @asynccontextmanager
     async def open_stream(
         self, request: GenerationRequest, path: str, payload: dict[str, Any]
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST and yield the response once its status is 2xx. Leaving early closes the connection,
-        which is how engines learn that a request was cancelled."""
+    ) -> AsyncIterator[Response]:
+        """POST and yield the response once its status is 2xx. Leaving before the body's end closes the
+        connection, which is how engines learn that a request was cancelled."""
         self.in_flight += 1
         clock = request.clock
         started = time.perf_counter()
         try:
             try:
-                response = await self._client().post(self._url(path), data=orjson.dumps(payload), headers=_JSON)
-            except aiohttp.ClientConnectorError as exc:
-                raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
+                response = await self._client().request("POST", path, orjson.dumps(payload))
             except TimeoutError as exc:
                 raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine") from exc
-            except aiohttp.ClientError as exc:
+            except ConnectError as exc:
+                raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
+            except HttpError as exc:
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}") from exc
             finally:
                 clock.waited_s += time.perf_counter() - started
@@ -157,18 +151,15 @@ class HttpBackend(abc.ABC):
                     raise http_errors.from_response(self.name, response.status, body, response.headers)
                 yield response
             finally:
-                if response.content.at_eof():
-                    response.release()  # fully read: the connection goes back to the pool
-                else:
-                    response.close()
+                response.release()  # back to the pool if the body came in whole, else closed
         finally:
             self.in_flight -= 1
 
-    async def _read(self, response: aiohttp.ClientResponse, clock: EngineClock | None = None) -> bytes:
+    async def _read(self, response: Response, clock: EngineClock | None = None) -> bytes:
         started = time.perf_counter()
         try:
             return await response.read()
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except OSError as exc:
             raise self.transport_error(exc) from exc
         finally:
             if clock is not None:
@@ -180,20 +171,20 @@ class HttpBackend(abc.ABC):
             return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading from the engine")
         return BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream broke: {type(exc).__name__}: {exc}")
 
-    async def chunks(self, response: aiohttp.ClientResponse, clock: EngineClock) -> AsyncIterator[bytes]:
+    async def chunks(self, response: Response, clock: EngineClock) -> AsyncIterator[bytes]:
         """The body as it arrives, in whatever pieces the network delivers; time spent waiting for
         them goes on the request's engine clock."""
-        content = response.content
+        read_chunk = response.read_chunk
         perf_counter = time.perf_counter
         try:
             while True:
                 started = perf_counter()
-                chunk = await content.readany()
+                chunk = await read_chunk()
                 clock.waited_s += perf_counter() - started
                 if not chunk:
                     return
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except OSError as exc:
             raise self.transport_error(exc) from exc
 
     def prompt_text(self, request: GenerationRequest) -> str:
@@ -201,7 +192,7 @@ class HttpBackend(abc.ABC):
         return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
 
     async def json_events(
-        self, request: GenerationRequest, response: aiohttp.ClientResponse, trust_status: bool = True
+        self, request: GenerationRequest, response: Response, trust_status: bool = True
     ) -> AsyncIterator[dict[str, Any]]:
         """Each SSE event as a JSON object until ``[DONE]``; an error event raises as the engine's error
         (``trust_status``: see ``http_errors.from_event``)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Usage
@@ -64,7 +63,7 @@ class _TgiHealth(HttpBackend):
             try:
                 status, body = await self.probe("/info")
                 self.info = orjson.loads(body) if status == 200 else None
-            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            except (OSError, orjson.JSONDecodeError):
                 self.info = None
         return health
 

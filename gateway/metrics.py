@@ -101,8 +101,7 @@ class _FleetGauges:
                 total = backend.generated_tokens
                 # A new engine under an old name (reload) starts again from zero.
                 seen = self._counted.get(name, 0) if total >= self._counted.get(name, 0) else 0
-                if total > seen:
-                    self.tokens.labels(name).inc(total - seen)
+                self.tokens.labels(name).inc(total - seen)  # also shows the series at zero
                 self._counted[name] = total
 
     def _forget(self, name: str) -> None:

@@ -78,9 +78,9 @@ def test_round_robin_cycles_and_least_busy_picks_the_emptiest() -> None:
     views = [BackendView(SimEngine(profile(n, "vllm", "A100-80GB"), LLAMA_8B)) for n in "abc"]
     job = Job(request(0, 0.0), "m8")
     rr = RoundRobin()
-    assert [rr.pick(job, views).name for _ in range(4)] == ["b", "c", "a", "b"]  # type: ignore[union-attr]
+    assert [rr.pick(job, views).name for _ in range(4)] == ["b", "c", "a", "b"]
     views[0].in_flight, views[1].in_flight, views[2].in_flight = 3, 1, 2
-    assert LeastBusy(0).pick(job, views).name == "b"  # type: ignore[union-attr]
+    assert LeastBusy(0).pick(job, views).name == "b"
 
 
 def test_latency_routing_tries_untried_backends_then_the_fastest_on_record() -> None:
@@ -88,9 +88,9 @@ def test_latency_routing_tries_untried_backends_then_the_fastest_on_record() -> 
     policy = LowestLatency(0)
     done = Job(request(0, 0.0, out=10), "m8", first_token_s=0.5, done_s=1.0)
     policy.finished(done, views[0])
-    assert policy.pick(Job(request(1, 1.0), "m8"), views).name == "b"  # type: ignore[union-attr]  # untried: 0
+    assert policy.pick(Job(request(1, 1.0), "m8"), views).name == "b"  # untried: 0
     policy.finished(Job(request(2, 0.0, out=10), "m8", first_token_s=2.0, done_s=3.0), views[1])
-    assert policy.pick(Job(request(3, 3.0), "m8"), views).name == "a"  # type: ignore[union-attr]
+    assert policy.pick(Job(request(3, 3.0), "m8"), views).name == "a"
 
 
 def test_static_table_follows_the_usual_decision_tree() -> None:
