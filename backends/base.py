@@ -66,6 +66,8 @@ class Chunk:
     text: str = ""
     finish_reason: str | None = None
     usage: Usage | None = None
+    more: bool = False
+    """More chunks that arrived with this one follow at once: a consumer may hold its write for them."""
 
 
 class ErrorKind(enum.Enum):

@@ -22,7 +22,7 @@ from backends import http_errors
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
 from backends.http_client import ConnectError, HttpClient, HttpError, Response
 from backends.prom_text import LoadMap, read_load
-from backends.sse import iter_events
+from backends.sse import Event, EventParser
 from backends.text import ChatRenderer
 
 # Largest response head, and most body bytes held unread, accepted from an engine (a final SSE event
@@ -196,18 +196,37 @@ class HttpBackend(abc.ABC):
     ) -> AsyncIterator[dict[str, Any]]:
         """Each SSE event as a JSON object until ``[DONE]``; an error event raises as the engine's error
         (``trust_status``: see ``http_errors.from_event``)."""
+        async for batch in self.json_event_batches(request, response, trust_status):
+            for doc in batch:
+                yield doc
+
+    async def json_event_batches(
+        self, request: GenerationRequest, response: Response, trust_status: bool = True
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Like ``json_events``, grouped by the network read that completed them: events that arrived
+        together can be forwarded together (one write to the client instead of one per event)."""
+        parser = EventParser()
         done = False
-        async for event in iter_events(self.chunks(response, request.clock)):
-            # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
-            done = done or event.data == "[DONE]"
-            if done:
-                continue
-            doc = self.json_event(event.data)
-            if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
-                raise http_errors.from_event(self.name, doc, trust_status)
-            if not isinstance(doc, dict):
-                raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
-            yield doc
+        async for piece in self.chunks(response, request.clock):
+            batch = []
+            for event in parser.feed(piece):
+                # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
+                done = done or event.data == "[DONE]"
+                if not done:
+                    batch.append(self._json_doc(event, trust_status))
+            if batch:
+                yield batch
+        tail = [self._json_doc(e, trust_status) for e in parser.close() if not done and e.data != "[DONE]"]
+        if tail:
+            yield tail
+
+    def _json_doc(self, event: Event, trust_status: bool) -> dict[str, Any]:
+        doc = self.json_event(event.data)
+        if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
+            raise http_errors.from_event(self.name, doc, trust_status)
+        if not isinstance(doc, dict):
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
+        return doc
 
     def json_event(self, data: str) -> Any:
         try:

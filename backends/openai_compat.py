@@ -104,16 +104,20 @@ class OpenAICompatBackend(HttpBackend):
         # still become a stop is held back until it is clear.
         stops = StopStrings((*request.stop, *self.end_texts))
         async with self.open_stream(request, path, self.payload(request)) as response:
-            async for doc in self.json_events(request, response, self.trusts_event_status):
-                chunk = parse_chunk(doc)
-                finish = chunk.finish or finish
-                usage = chunk.usage or usage
-                stop_reason = chunk.stop_reason if chunk.stop_reason is not None else stop_reason
-                if chunk.text:
-                    pieces += 1
-                    text = "" if stops.stopped else stops.feed(chunk.text)
-                    if text:
-                        yield Chunk(text=text)
+            async for batch in self.json_event_batches(request, response, self.trusts_event_status):
+                texts = []
+                for doc in batch:
+                    chunk = parse_chunk(doc)
+                    finish = chunk.finish or finish
+                    usage = chunk.usage or usage
+                    stop_reason = chunk.stop_reason if chunk.stop_reason is not None else stop_reason
+                    if chunk.text:
+                        pieces += 1
+                        text = "" if stops.stopped else stops.feed(chunk.text)
+                        if text:
+                            texts.append(text)
+                for i, text in enumerate(texts, 1):  # one chunk per engine event, marked as arriving together
+                    yield Chunk(text=text, more=i < len(texts))
                 if not self.ask_usage and (stops.stopped or finish is not None):
                     break  # nothing more worth reading: closing also stops the engine
         if stops.stopped:

@@ -9,7 +9,7 @@ not one await per line.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -61,12 +61,3 @@ class EventParser:
             self._field = "error"
         self._data.append(value[1:] if value.startswith(" ") else value)
         return None
-
-
-async def iter_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[Event]:
-    parser = EventParser()
-    async for chunk in chunks:
-        for event in parser.feed(chunk):
-            yield event
-    for event in parser.close():
-        yield event

@@ -261,28 +261,34 @@ async def _events(
     result = "cancelled"
     usage: Usage | None = None
     failure: BackendError | None = None
+    held: list[bytes] = []  # events of chunks that arrived together go out in one write
     try:
         opening = shape.role_chunk()
         if opening is not None:
-            yield event(opening)
+            held.append(event(opening))
         async for chunk in committed.chunks():
             usage = chunk.usage or usage
             doc = shape.delta(chunk)
             if doc is not None:
-                yield event(doc)
+                held.append(event(doc))
+            if held and not chunk.more:
+                yield b"".join(held)
+                held = []
         if shape.include_usage:
-            yield event(shape.usage_chunk(usage))
+            held.append(event(shape.usage_chunk(usage)))
+        if held:
+            yield b"".join(held)
+            held = []
         result = "ok"
     except BackendError as exc:
         result, failure = "error", exc
         log.warning("stream failed after commit", extra={"backend": committed.backend, "kind": exc.kind.value})
-        yield event(from_backend(exc).body())
+        yield b"".join(held) + event(from_backend(exc).body())  # what arrived before the failure, then why
     except Exception:  # never a silent close: the client gets an error event and [DONE]
         result = "error"
         log.exception("stream failed after commit", extra={"backend": committed.backend})
-        yield event(
-            ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error").body()
-        )
+        failed = ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error")
+        yield b"".join(held) + event(failed.body())
     finally:
         await committed.aclose()
         outcome.done(usage, failure, cancelled=result == "cancelled", crashed=result == "error" and failure is None)
