@@ -137,14 +137,17 @@ class HttpBackend(abc.ABC):
         try:
             try:
                 response = await self._client().request("POST", path, orjson.dumps(payload))
-            except TimeoutError as exc:
-                raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine") from exc
-            except ConnectError as exc:
-                raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
-            except HttpError as exc:
-                raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}") from exc
-            finally:
+            except BaseException as exc:
                 clock.waited_s += time.perf_counter() - started
+                if isinstance(exc, TimeoutError):
+                    raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine") from exc
+                if isinstance(exc, ConnectError):
+                    raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
+                if isinstance(exc, HttpError):
+                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}") from exc
+                raise
+            # Waited until the response's bytes arrived; parsing them after that is the gateway's work.
+            clock.waited_s += max(0.0, response.arrived_at - started)
             try:
                 if response.status >= 400:
                     body = await self._read(response)
@@ -180,7 +183,7 @@ class HttpBackend(abc.ABC):
             while True:
                 started = perf_counter()
                 chunk = await read_chunk()
-                clock.waited_s += perf_counter() - started
+                clock.waited_s += max(0.0, response.arrived_at - started)  # 0 when it was already there
                 if not chunk:
                     return
                 yield chunk

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import time
 from collections.abc import Iterator, Mapping
 from urllib.parse import quote, urlsplit
 
@@ -109,6 +110,8 @@ class _Connection(asyncio.Protocol):
         """Counted against the pool's limit; cleared when its slot is given up or passed on."""
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
+        self.arrived = 0.0
+        """``time.perf_counter()`` when bytes last came in (before parsing them)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -197,6 +200,7 @@ class _Connection(asyncio.Protocol):
         self.client.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.arrived = time.perf_counter()
         if not self.busy or self.done:
             # Bytes nobody asked for: the connection can no longer be trusted for another request.
             self.keep_alive = False
@@ -296,6 +300,12 @@ class Response:
         if self._headers is None:
             self._headers = Headers(self._raw_headers)
         return self._headers
+
+    @property
+    def arrived_at(self) -> float:
+        """``time.perf_counter()`` when the server's bytes last arrived: the end of a wait for them,
+        whatever the event loop did before the reader resumed."""
+        return self._conn.arrived if self._conn is not None else 0.0
 
     @property
     def complete(self) -> bool:

@@ -134,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.http_protocol import StampedHttpToolsProtocol
     from gateway.logs import configure
 
     configure(args.log_level, args.log_format)
@@ -152,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
         "access_log": False,
         "lifespan": "on",
         "timeout_graceful_shutdown": 10,
+        "http": StampedHttpToolsProtocol,
     }
     if args.workers == 1:
         try:

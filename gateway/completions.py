@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from backends.base import BackendError, GenerationRequest, Usage
+from backends.base import BackendError, EngineClock, GenerationRequest, Usage
 from gateway import dispatch
 from gateway.errors import ApiError, from_backend, model_not_found
 from gateway.openai_api import (
@@ -73,6 +73,7 @@ class Outcome:
     decision: Decision
     started: float
     stream: bool
+    clock: EngineClock
     backend: str = "none"
     ttft_s: float = 0.0
     first_at: float = 0.0
@@ -149,15 +150,19 @@ class Outcome:
                 "attempts": len(self.failures) + (self.backend != "none"),
                 "ttft_ms": round(self.ttft_s * 1000, 3) if self.backend != "none" else None,
                 "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+                "engine_wait_ms": round(self.clock.waited_s * 1000, 3),
                 "prompt_tokens": usage.prompt_tokens if usage else None,
                 "completion_tokens": usage.completion_tokens if usage else None,
             },
         )
 
 
-async def serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool) -> None:
-    """Answer one generation request on ``ex``; errors before the answer starts raise ``ApiError``."""
-    started = time.perf_counter()
+async def serve(
+    ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool, received: float | None = None
+) -> None:
+    """Answer one generation request on ``ex``; errors before the answer starts raise ``ApiError``.
+    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known."""
+    started = received if received is not None else time.perf_counter()
     rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
     limits = rt.config.limits
     raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
@@ -187,7 +192,7 @@ async def serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat:
         ex.header("x-enginegate-rule", decision.rule)
     timeout = rt.config.routing.first_token_timeout_s
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
-    outcome = Outcome(state, chat, ex.request_id, gen.model, decision, started, bool(body.stream))
+    outcome = Outcome(state, chat, ex.request_id, gen.model, decision, started, bool(body.stream), gen.clock)
     state.metrics.started("chat" if chat else "completions")
     try:
         committed = await dispatch.start(
