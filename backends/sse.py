@@ -9,7 +9,6 @@ not one await per line.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -25,39 +24,38 @@ class EventParser:
 
     def __init__(self) -> None:
         self._partial = b""
-        self._data: list[str] = []
+        self._data: list[bytes] = []
         self._field = "data"
 
-    def feed(self, chunk: bytes) -> Iterator[Event]:
-        lines = (self._partial + chunk).split(b"\n")
+    def feed(self, chunk: bytes) -> list[Event]:
+        # Called for every read of every stream: bytes are only decoded once per event, and the
+        # usual line (``data: ...``) takes the first branch.
+        lines = (self._partial + chunk if self._partial else chunk).split(b"\n")
         self._partial = lines.pop()
+        events: list[Event] = []
         for raw in lines:
-            event = self._line(raw.rstrip(b"\r").decode("utf-8", "replace"))
-            if event is not None:
-                yield event
+            if raw[-1:] == b"\r":
+                raw = raw[:-1]
+            if raw[:5] == b"data:":
+                self._data.append(raw[6:] if raw[5:6] == b" " else raw[5:])
+            elif not raw:
+                if self._data:
+                    events.append(self._event())
+                self._field = "data"
+            elif raw[:6] == b"error:":
+                self._field = "error"
+                self._data.append(raw[7:] if raw[6:7] == b" " else raw[6:])
+            # anything else: a comment (``:``) or a field this reader does not use
+        return events
 
-    def close(self) -> Iterator[Event]:
+    def close(self) -> list[Event]:
         """The stream ended: what is left, even without its blank line."""
-        if self._partial:
-            event = self._line(self._partial.rstrip(b"\r").decode("utf-8", "replace"))
-            self._partial = b""
-            if event is not None:
-                yield event
+        events = self.feed(b"\n") if self._partial else []
         if self._data:
-            yield Event("\n".join(self._data), self._field)
-            self._data = []
+            events.append(self._event())
+        return events
 
-    def _line(self, line: str) -> Event | None:
-        if not line:
-            event = Event("\n".join(self._data), self._field) if self._data else None
-            self._data, self._field = [], "data"
-            return event
-        if line.startswith(":"):
-            return None
-        name, sep, value = line.partition(":")
-        if not sep or name not in ("data", "error"):
-            return None
-        if name == "error":
-            self._field = "error"
-        self._data.append(value[1:] if value.startswith(" ") else value)
-        return None
+    def _event(self) -> Event:
+        event = Event(b"\n".join(self._data).decode("utf-8", "replace"), self._field)
+        self._data = []
+        return event

@@ -49,19 +49,19 @@ class Committed:
 
 
 async def _first_content(stream: AsyncIterator[Chunk], timeout: float, name: str) -> list[Chunk]:
-    """Chunks up to and including the first with text or a finish reason."""
+    """Chunks up to and including the first with text or a finish reason, within ``timeout`` seconds."""
     head: list[Chunk] = []
-    while True:
-        try:
-            async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
+    try:
+        async with asyncio.timeout(timeout):  # one deadline for the first token; no task, unlike wait_for
+            while True:
                 chunk = await anext(stream)
-        except StopAsyncIteration:
-            raise BackendError(ErrorKind.PROTOCOL, f"backend {name} ended its stream without an answer") from None
-        except TimeoutError:
-            raise BackendError(ErrorKind.TIMEOUT, f"backend {name} sent no first token within {timeout:g}s") from None
-        head.append(chunk)
-        if chunk.text or chunk.finish_reason is not None:
-            return head
+                head.append(chunk)
+                if chunk.text or chunk.finish_reason is not None:
+                    return head
+    except StopAsyncIteration:
+        raise BackendError(ErrorKind.PROTOCOL, f"backend {name} ended its stream without an answer") from None
+    except TimeoutError:
+        raise BackendError(ErrorKind.TIMEOUT, f"backend {name} sent no first token within {timeout:g}s") from None
 
 
 async def _attempt(

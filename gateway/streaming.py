@@ -19,6 +19,8 @@ from starlette.types import Receive, Send
 from gateway.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
+WATCH_AFTER_S = 0.05
+"""How long after the body is read the disconnect watcher starts."""
 _JSON = (b"content-type", b"application/json")
 _SSE = (
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -47,6 +49,7 @@ class Exchange:
         """The client disconnected (and the request's task was cancelled because of it)."""
         self._finished = False
         self._watcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def header(self, name: str, value: str) -> None:
         self.headers.append((name.encode("latin-1"), value.encode("latin-1")))
@@ -71,8 +74,17 @@ class Exchange:
                 return b"".join(parts)
 
     def watch(self) -> None:
-        """From here on, a disconnect cancels the current task. Call after the body is read."""
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(asyncio.current_task()))
+        """From here on, a disconnect cancels the current task. Call after the body is read.
+
+        The watching starts ``WATCH_AFTER_S`` later: most answers are done by then and never need a
+        watcher task (a timer costs far less), and a client gone sooner is noticed that much later."""
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(WATCH_AFTER_S, self._start_watching, loop, asyncio.current_task())
+
+    def _start_watching(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> None:
+        self._timer = None
+        if not self._finished:
+            self._watcher = loop.create_task(self._watch(task))
 
     async def _watch(self, task: asyncio.Task[Any] | None) -> None:
         while (await self._receive())["type"] != "http.disconnect":
@@ -83,6 +95,8 @@ class Exchange:
 
     def close(self) -> None:
         self._finished = True
+        if self._timer is not None:
+            self._timer.cancel()
         if self._watcher is not None:
             self._watcher.cancel()
 
