@@ -98,7 +98,12 @@ def test_gateway_manifests_fit_together() -> None:
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
     mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert mounted["config"]["configMap"]["name"] == "enginegate-config"
-    assert container["args"] == ["--config", "/etc/enginegate/config.yaml"]
+    assert container["args"][:2] == ["--config", "/etc/enginegate/config.yaml"]
+    # Several workers share metrics through a directory, which must be a writable volume (read-only root).
+    assert "--workers" in container["args"] and container["securityContext"]["readOnlyRootFilesystem"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert "emptyDir" in mounted[mounts[env["PROMETHEUS_MULTIPROC_DIR"]]]
 
 
 def test_engine_deployments_request_gpus_where_they_need_them() -> None:
