@@ -120,6 +120,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.trace}: fleet capacity about {capacity:.2f} requests/s on this workload")
     print(report.text(points))
+    print("\nBusy share of each backend (above 100%: work still draining after the last arrival):")
+    print(report.utilization(points))
     if args.plot:
         try:
             report.plot(points, args.plot, f"{args.trace.name} on {args.config.name}")

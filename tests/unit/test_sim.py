@@ -193,8 +193,11 @@ def test_cli_simulate_prints_the_comparison_and_writes_a_plot(
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
+    comparison, utilization = out.split("Busy share of each backend")
     for policy in ("round_robin", "random", "least_busy", "latency", "static", "enginegate"):
-        assert out.count(f" {policy} ") == 2, policy
+        assert comparison.count(f" {policy} ") == 2, policy
+        assert utilization.count(f" {policy} ") == 2, policy
+    assert "| 50% | enginegate | " in out and "trt-h100" in out  # the utilization table, per backend
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
