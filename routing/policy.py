@@ -32,8 +32,8 @@ from routing.types import (
 DEFAULT_MAX_TOKENS = 256
 """Output length assumed for predictions when the request does not cap it."""
 HOPELESS_RATIO = 2.0
-"""Predicted at more than this multiple of its budget on every backend, a request goes where it
-disturbs least (the least loaded backend) rather than where it misses least."""
+"""Predicted at more than this multiple of its budget on every backend, a request goes to the cheapest
+capacity rather than where it misses least."""
 SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
@@ -169,13 +169,14 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
 
     states = {s.name: s for s in alive}
     # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its
-    # budget it would only take that backend's capacity from requests that can still make theirs.
+    # budget it would only take that backend's capacity from requests that can still make theirs, so
+    # it takes the cheapest capacity instead (in the simulator this beat "least loaded" and "closest").
     hopeless = closest_miss > HOPELESS_RATIO and not any(c.meets_budget for c in candidates)
 
     def rank(c: Candidate) -> tuple[int, int, float, float]:
         s = states[c.backend]
         preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
-        return (0 if c.meets_budget else 1, preference, -c.terms["load"] if hopeless else 0.0, -c.score)
+        return (0 if c.meets_budget else 1, preference, -c.terms["cost"] if hopeless else 0.0, -c.score)
 
     ranked = tuple(sorted(candidates, key=rank))
     has_budget = any(b is not None for b in (f.ttft_budget_ms, f.latency_budget_ms, f.tpot_budget_ms))
