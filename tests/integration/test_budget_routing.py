@@ -23,7 +23,9 @@ REQUEST = {"model": "enginegate-demo", "messages": [{"role": "user", "content": 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[GatewayProcess]:
     """Two trtllm-serve fakes for an 8B model: one declared on an H100 (fast, costly), one on an A10G
-    (slower prefill, cheap), whose injected latency makes it really slower."""
+    (slower prefill, cheap), whose injected latency makes it really slower. Routing prices a request
+    at the backend's hourly cost x its time there / the sequences it runs at once, so the A10G must be
+    cheap enough to stay cheaper per request while its injected delay makes it ten times slower."""
     work = tmp_path_factory.mktemp("budget")
     with ExitStack() as stack:
         fast_engine, slow_engine = TinyEngine(cache_dir), TinyEngine(cache_dir)
@@ -38,7 +40,7 @@ models:
   - {{name: enginegate-demo, params_b: 8, dtype: bf16, context: 8192}}
 backends:
   - {{name: h100, engine: trtllm_serve, url: "{fast}", model: enginegate-demo, gpu: H100, cost_per_hour: 6}}
-  - {{name: a10g, engine: trtllm_serve, url: "{slow}", model: enginegate-demo, gpu: A10G, cost_per_hour: 0.1}}
+  - {{name: a10g, engine: trtllm_serve, url: "{slow}", model: enginegate-demo, gpu: A10G, cost_per_hour: 0.01}}
 """,
         )
         proc = GatewayProcess(config, cache_dir)
