@@ -29,6 +29,10 @@ _SSE = (
 )
 
 
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
+
+
 class ClientGone(Exception):
     """The client disconnected while its request was still being read."""
 
@@ -57,7 +61,7 @@ class Exchange:
     async def body(self, limit: int, declared: str | None) -> bytes:
         """The whole request body; ``declared`` is the content-length header, refused early when too big."""
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
+            raise _too_large(limit)
         parts = []
         size = 0
         while True:
@@ -68,7 +72,7 @@ class Exchange:
             part = message.get("body", b"")
             size += len(part)
             if size > limit:
-                raise ApiError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
+                raise _too_large(limit)
             parts.append(part)
             if not message.get("more_body", False):
                 return b"".join(parts)

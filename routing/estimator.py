@@ -39,7 +39,8 @@ def decode_step_ms(model: ModelSpec, state: BackendState, context_tokens: int) -
 def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> Prediction:
     p = state.profile
     out = max(max_tokens, 1)
-    tpot = decode_step_ms(model, state, prompt_tokens + out // 2)
+    step = decode_step_ms(model, state, prompt_tokens + out // 2)
+    tpot = step
     if state.observed.tpot_ms is not None and state.observed.samples >= MIN_SAMPLES:
         tpot = state.observed.tpot_ms * (state.running + 1) / max(1, min(state.running + 1, p.max_concurrency))
     room = slots(model, state, prompt_tokens + out)
@@ -52,11 +53,12 @@ def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_token
     # iteration also decodes one token for each running sequence.
     prefill_tokens = state.prefill_backlog_tokens + prompt_tokens
     iterations = -(-prefill_tokens // PREFILL_CHUNK_TOKENS)
-    batch_step = decode_step_ms(model, state, prompt_tokens + out // 2) if state.running else 0.0
-    prefill = prefill_ms(model, state, prefill_tokens) + iterations * batch_step
+    prefill = prefill_ms(model, state, prefill_tokens) + (iterations * step if state.running else 0.0)
     prior = p.efficiency.overhead_ms + queue + prefill
     ttft = prior * state.observed.ttft_ratio
-    return Prediction(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=ttft + tpot * (out - 1), queue_ms=queue, prior_ttft_ms=prior)
+    return Prediction(
+        ttft_ms=ttft, tpot_ms=tpot, e2e_ms=ttft + tpot * (out - 1), queue_ms=queue, prior_ttft_ms=prior, slots=room
+    )
 
 
 def slots(model: ModelSpec, state: BackendState, tokens_per_sequence: int) -> int:

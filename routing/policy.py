@@ -13,7 +13,7 @@ import fnmatch
 import hashlib
 from dataclasses import replace
 
-from routing.estimator import fit_problem, predict, slots
+from routing.estimator import fit_problem, predict
 from routing.types import (
     BackendState,
     Breaker,
@@ -146,8 +146,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     predictions = {s.name: predict(model, s, f.prompt_tokens, out) for s in alive}
     fastest = min(p.e2e_ms for p in predictions.values())
     # The price of the capacity a request takes: its time on the backend over the sequences it runs at once.
-    room = {s.name: slots(model, s, f.prompt_tokens + out) for s in alive}
-    cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / room[s.name] for s in alive}
+    cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / predictions[s.name].slots for s in alive}
     cheapest = min(cost.values())
     affine = max(alive, key=lambda s: _share(f.prefix_hash, s.name)).name
     ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}
@@ -160,7 +159,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         terms = {
             "budget": _budget_term(ratios[s.name], p, fastest, closest_miss),
             "cost": cheapest / cost[s.name] if cost[s.name] > 0 else 1.0,
-            "load": max(0.0, 1 - (s.running + s.waiting) / room[s.name]),
+            "load": max(0.0, 1 - (s.running + s.waiting) / p.slots),
             "affinity": 1.0 if s.name == affine else 0.0,
         }
         score = (w.budget * terms["budget"] + w.cost * terms["cost"] + w.load * terms["load"]) / total

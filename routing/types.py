@@ -174,6 +174,8 @@ class Prediction:
     prior_ttft_ms: float = 0.0
     """The TTFT physics predicts before the backend's learned correction: what observations are
     compared with (the correction may change between a prediction and its observation)."""
+    slots: int = 1
+    """Sequences of this request's size the backend runs at once (its slots or its KV cache)."""
 
 
 @dataclass(frozen=True, slots=True)
