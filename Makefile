@@ -21,9 +21,15 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --editable .
 	touch $@
 
+# The fast loop's dependencies: no engine builds.
 $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --editable ".[test,llama,sim]"
+	$(BIN)/pip install --quiet --editable ".[test,sim]"
 	touch $@ $(VENV)/.serve-deps
+
+# llama-cpp-python builds from source (about 10 minutes on two cores the first time, then pip's cache).
+$(VENV)/.engine-deps: pyproject.toml $(VENV)/.test-deps
+	$(BIN)/pip install --quiet --editable ".[test,llama,sim]"
+	touch $@
 
 serve: $(VENV)/.serve-deps
 	$(BIN)/enginegate serve
@@ -35,15 +41,19 @@ lint: $(VENV)/.test-deps
 typecheck: $(VENV)/.test-deps
 	$(BIN)/mypy
 
-engines: $(VENV)/.test-deps
+engines: $(VENV)/.engine-deps
 	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null)
 	bash tools/install_vllm.sh $(VLLM_VENV)
 	CMAKE=$(abspath $(BIN))/cmake bash tools/build_llama_server.sh >/dev/null
 
-unit: $(VENV)/.test-deps engines
-	$(BIN)/pytest
+# The fast loop: every test that needs no engine build (contract fakes, in-process CTranslate2,
+# the gateway as a real process), in a few minutes.
+unit: $(VENV)/.test-deps
+	$(BIN)/pytest -m "not engines"
 
-test: lint typecheck unit
+# Everything CI runs: lint, types, then every test, real engines included.
+test: lint typecheck engines
+	$(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -78,6 +78,8 @@ class ErrorKind(enum.Enum):
     CONTEXT_LENGTH = "context_length"
     UPSTREAM = "upstream"
     PROTOCOL = "protocol"
+    INTERNAL = "internal"
+    """The gateway's own code failed (an adapter bug): never held against the engine's breaker."""
 
 
 # Whether another backend may be tried after an error of this kind (before the first token).
@@ -89,6 +91,7 @@ _RETRYABLE = {
     ErrorKind.CONTEXT_LENGTH: False,
     ErrorKind.UPSTREAM: True,
     ErrorKind.PROTOCOL: True,
+    ErrorKind.INTERNAL: True,
 }
 
 
@@ -110,6 +113,9 @@ class BackendError(Exception):
         self.param = param
         self.retry_after = retry_after
         self.retryable = _RETRYABLE[kind] if retryable is None else retryable
+        self.detail = message
+        """The whole story for the logs (an engine's own words, hosts and all); ``message`` is what a
+        client may read."""
         self.failures: list[tuple[str, BackendError]] = []
         """Set by dispatch on the error it raises: every (backend, error) attempt that failed."""
 

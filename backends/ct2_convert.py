@@ -3,7 +3,8 @@
 The GGUF stores q and k in llama.cpp's rotary layout (adjacent pairs), which is
 CTranslate2's ``rotary_interleave=True``: weights are copied as they are.
 Derived files are cached under the GGUF's content hash, so a changed file is
-re-derived and an unchanged one costs a directory lookup.
+re-derived and an unchanged one costs a hash (once per file, with a ``GgufCache``)
+and a directory lookup: its tensors are read only when it converts.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.gguf_file import GgufModel, read_gguf
-from backends.hf_tokenizer import build_tokenizer
+from backends.gguf_file import GgufCache, GgufModel, read_gguf
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -62,21 +62,24 @@ def _spec(model: GgufModel):  # type: ignore[no-untyped-def]
     return spec
 
 
-def derive(gguf_path: str | Path, cache_dir: str | Path) -> tuple[Path, GgufModel]:
-    """Return (directory with model.bin, config and tokenizer.json, parsed GGUF)."""
-    model = read_gguf(gguf_path)
-    target = Path(cache_dir) / f"ct2-{model.sha256[:16]}"
+def derive(gguf_path: str | Path, cache_dir: str | Path, ggufs: GgufCache | None = None) -> tuple[Path, GgufModel]:
+    """Return (directory with model.bin, config and tokenizer.json, the GGUF's header without tensors).
+    Blocking: run it off the event loop."""
+    ggufs = ggufs or GgufCache()
+    target = Path(cache_dir) / f"ct2-{ggufs.sha256(gguf_path)[:16]}"
+    header = ggufs.header(gguf_path)
     if (target / "model.bin").is_file() and (target / TOKENIZER_FILE).is_file():
-        return target, model
+        return target, header
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: concurrent starters never see half a model.
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
+        model = read_gguf(gguf_path)
         spec = _spec(model)
         spec.validate()
         spec.optimize(quantization=None)
         spec.save(str(tmp))
-        build_tokenizer(model.vocab).save(str(tmp / TOKENIZER_FILE))
+        ggufs.tokenizer(gguf_path).save(str(tmp / TOKENIZER_FILE))
         try:
             os.rename(tmp, target)
         except OSError:
@@ -84,4 +87,4 @@ def derive(gguf_path: str | Path, cache_dir: str | Path) -> tuple[Path, GgufMode
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target, model
+    return target, header

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from backends.base import Chunk, GenerationRequest, Health
 from backends.ct2_convert import TOKENIZER_FILE, derive
+from backends.gguf_file import GgufCache
+from backends.hf_tokenizer import encode
 from backends.inproc import InProcessEngine
+from backends.text import sized_work
 
 
 class CTranslate2Backend(InProcessEngine):
@@ -27,11 +30,12 @@ class CTranslate2Backend(InProcessEngine):
         threads: int = 1,
         max_concurrency: int = 4,
         max_queue: int = 64,
+        ggufs: GgufCache | None = None,
     ) -> None:
         import ctranslate2
         from tokenizers import Tokenizer
 
-        model_dir, gguf = derive(gguf_path, cache_dir)
+        model_dir, gguf = derive(gguf_path, cache_dir, ggufs)
         super().__init__(name, model_name, gguf.vocab, gguf.context_length, max_concurrency, max_queue)
         self._generator = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
         self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
@@ -40,13 +44,13 @@ class CTranslate2Backend(InProcessEngine):
         return Health(ok=self._generator.model_is_loaded)
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[str]:
-        tokens: list[str] = self._tokenizer.encode(self.prompt_text(request), add_special_tokens=False).tokens
+        tokens: list[str] = encode(self._tokenizer, self.prompt_text(request)).tokens
         if self._vocab.add_bos and self._vocab.bos_id is not None:
             tokens.insert(0, self._vocab.tokens[self._vocab.bos_id])
         return tokens
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = self._prompt_tokens(request)
+        prompt = await sized_work(request, self._prompt_tokens)
         # End tokens are handled by the shared token loop (it honours ignore_eos), not by CTranslate2.
         options: dict[str, object] = {"max_length": request.max_tokens or self.context_length, "end_token": []}
         if request.greedy:

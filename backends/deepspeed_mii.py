@@ -1,11 +1,17 @@
 """DeepSpeed-MII, through its RESTful gateway or its OpenAI server.
 
 - REST ``POST /mii/<deployment>``: no streaming, so the finished text arrives as
-  one chunk (its time to first token is the whole generation, honestly). MII
-  samples by default (``do_sample`` true, ``top_p`` 0.9), rejects temperature
-  0, and takes ``stop`` only as one string matching a whole vocabulary token:
-  the adapter asks for greedy with ``do_sample: false``, sends ``top_p``
-  explicitly and enforces stop strings itself.
+  one chunk (its time to first token is the whole generation, honestly): the
+  backend ``answers_whole``, for a whole-answer deadline instead of a first-token
+  one. MII samples by default (``do_sample`` true, ``top_p`` 0.9), rejects
+  temperature 0, and takes ``stop`` only as one string matching a whole
+  vocabulary token, which then also replaces its end-of-sequence check (a stop
+  string that is not one token would make it generate to the limit): the adapter
+  asks for greedy with ``do_sample: false``, sends ``top_p`` explicitly, never
+  sends ``stop`` and cuts at stop strings itself. Completion tokens are then
+  those of the text kept: MII's ``generated_length`` scaled by the share of the
+  generated text up to the end of the stop string. The adapter never retries:
+  one call, one generation.
 - OpenAI server: always samples, so greedy becomes nucleus sampling with a tiny
   ``top_p`` (the most likely token alone); uses only the first stop string
   (enforced here instead); sends no usage in streams (one token per chunk is
@@ -16,6 +22,7 @@ MII exposes no metrics: load is what this gateway has in flight there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -42,29 +49,44 @@ def rest_payload(req: GenerationRequest, prompt: str, default_max_tokens: int) -
     return payload
 
 
+def kept_tokens(generated: int, text: str, kept: str, stop_len: int) -> int:
+    """Tokens of ``kept`` (plus its stop string) when MII generated ``generated`` for ``text``: MII counts
+    only the whole, so the count is shared out by characters."""
+    if not text or len(kept) >= len(text):
+        return generated
+    return min(generated, max(1, math.ceil(generated * min(len(text), len(kept) + stop_len) / len(text))))
+
+
 class MiiRestBackend(HttpBackend):
     engine = "mii_rest"
     health_path = "/healthz"
     metrics_path = None
+    answers_whole: ClassVar[bool] = True
+    """The whole answer arrives at once: the gateway applies a whole-answer deadline, not a first-token one."""
 
     def __init__(self, name: str, model: str, settings: HttpSettings, deployment: str) -> None:
         super().__init__(name, model, settings)
         self.deployment = deployment
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = self.prompt_text(request)
+        prompt = await self.render_prompt(request)
         payload = rest_payload(request, prompt, self.settings.default_max_tokens)
         async with self.open_stream(request, f"/mii/{self.deployment}", payload) as response:
             doc = self.json_event((await self._read(response, request.clock)).decode("utf-8", "replace"))
         if not (isinstance(doc, list) and doc and isinstance(doc[0], dict)):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected MII response {str(doc)[:200]}")
         result = doc[0]
+        generated = str(result.get("generated_text", ""))
         stops = StopStrings(request.stop)
-        text = stops.feed(str(result.get("generated_text", ""))) + stops.flush()
+        text = stops.feed(generated) + stops.flush()
         raw = result.get("finish_reason")
         finish = "stop" if stops.stopped or raw != "length" else "length"
-        usage = Usage(int(result.get("prompt_length") or 0), int(result.get("generated_length") or 0))
-        yield Chunk(text=text, finish_reason=finish, usage=usage)
+        completion = int(result.get("generated_length") or 0)
+        if stops.stopped:
+            rest = generated[len(text) :]
+            stop_len = max((len(s) for s in request.stop if rest.startswith(s)), default=0)
+            completion = kept_tokens(completion, generated, text, stop_len)
+        yield Chunk(text=text, finish_reason=finish, usage=Usage(int(result.get("prompt_length") or 0), completion))
 
 
 class MiiOpenAIBackend(OpenAICompatBackend):

@@ -8,11 +8,15 @@ tokenizer is derived from its vocabulary (``hf_tokenizer``).
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+    from tokenizers import Tokenizer
 
 # llama.cpp's token types
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -67,12 +71,14 @@ def _field(fields: dict[str, Any], key: str, default: Any = None) -> Any:
 
 
 def read_gguf(path: str | Path, with_tensors: bool = True) -> GgufModel:
-    """Load metadata, vocabulary and (unless ``with_tensors`` is False) float tensors and content hash."""
+    """Load metadata, vocabulary and (unless ``with_tensors`` is False) float tensors and content hash.
+    Blocking and, with tensors, heavy: call it off the event loop (``GgufCache`` keeps the light part)."""
+    import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader
 
     path = Path(path)
     try:
-        data = path.read_bytes() if with_tensors else b""
+        digest = file_sha256(path) if with_tensors else ""
         reader = GGUFReader(path)
     except (OSError, ValueError) as exc:
         raise GgufError(f"{path}: cannot read GGUF file: {exc}") from exc
@@ -103,7 +109,7 @@ def read_gguf(path: str | Path, with_tensors: bool = True) -> GgufModel:
     )
     return GgufModel(
         path=path,
-        sha256=hashlib.sha256(data).hexdigest() if with_tensors else "",
+        sha256=digest,
         architecture=arch,
         n_layers=int(_field(fields, "llama.block_count")),
         n_heads=n_heads,
@@ -117,3 +123,77 @@ def read_gguf(path: str | Path, with_tensors: bool = True) -> GgufModel:
         tensors=tensors,
         n_params=n_params,
     )
+
+
+def file_sha256(path: Path) -> str:
+    """The file's content hash, read in blocks: memory stays flat however big the model."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+_Key = tuple[Path, int, int]
+
+
+class GgufCache:
+    """Each GGUF file parsed (and hashed, and its tokenizer derived) once while it stays the same file:
+    entries are keyed by path, size and modification time, so a replaced file is read again.
+
+    One cache serves a start and every reload after it (the catalog, the prompt counters and the
+    in-process engines all ask it); it is blocking and thread-safe, meant to be called off the event loop.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._headers: dict[_Key, GgufModel] = {}
+        self._hashes: dict[_Key, str] = {}
+        self._tokenizers: dict[_Key, Tokenizer] = {}
+        self.parsed = 0
+        """Files parsed so far (tests count them)."""
+
+    @staticmethod
+    def _key(path: str | Path) -> _Key:
+        p = Path(path).resolve()
+        try:
+            st = os.stat(p)
+        except OSError as exc:
+            raise GgufError(f"{p}: cannot read GGUF file: {exc}") from exc
+        return p, st.st_size, st.st_mtime_ns
+
+    def _forget_older(self, key: _Key) -> None:
+        for table in (self._headers, self._hashes, self._tokenizers):
+            for old in [k for k in table if k[0] == key[0] and k != key]:
+                del table[old]
+
+    def _header(self, key: _Key) -> GgufModel:
+        model = self._headers.get(key)
+        if model is None:
+            self._forget_older(key)
+            model = self._headers[key] = read_gguf(key[0], with_tensors=False)
+            self.parsed += 1
+        return model
+
+    def header(self, path: str | Path) -> GgufModel:
+        """Metadata and vocabulary, without tensors."""
+        key = self._key(path)
+        with self._lock:
+            return self._header(key)
+
+    def sha256(self, path: str | Path) -> str:
+        key = self._key(path)
+        with self._lock:
+            digest = self._hashes.get(key)
+            if digest is None:
+                self._forget_older(key)
+                digest = self._hashes[key] = file_sha256(key[0])
+            return digest
+
+    def tokenizer(self, path: str | Path) -> Tokenizer:
+        """The Hugging Face tokenizer derived from the file's vocabulary (``hf_tokenizer``)."""
+        from backends.hf_tokenizer import build_tokenizer  # it imports this module
+
+        key = self._key(path)
+        with self._lock:
+            tok = self._tokenizers.get(key)
+            if tok is None:
+                tok = self._tokenizers[key] = build_tokenizer(self._header(key).vocab)
+            return tok

@@ -11,7 +11,7 @@ token, which no tokenizers normalizer expresses); the demo model has none.
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, models, normalizers
 
 from backends.gguf_file import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, Vocabulary
 
@@ -50,3 +50,10 @@ def build_tokenizer(vocab: Vocabulary) -> Tokenizer:
     ]
     tok.add_special_tokens(specials)
     return tok
+
+
+def encode(tokenizer: Tokenizer, text: str) -> Encoding:
+    """``text`` encoded without special tokens, through ``encode_batch``: it releases the GIL while it
+    works, so a thread tokenizing a big prompt leaves the event loop running. ``encode`` holds the GIL
+    throughout (0.34 s for 880 kB of text, measured), freezing the loop even from a worker thread."""
+    return tokenizer.encode_batch([text], add_special_tokens=False)[0]

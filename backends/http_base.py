@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,14 +21,23 @@ import orjson
 
 from backends import http_errors
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
-from backends.http_client import ConnectError, HttpClient, HttpError, Response
+from backends.http_client import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    ConnectError,
+    HttpClient,
+    HttpError,
+    NoResponseError,
+    RequestNotSentError,
+    Response,
+)
 from backends.prom_text import LoadMap, read_load
 from backends.sse import Event, EventParser
-from backends.text import ChatRenderer
+from backends.text import ChatRenderer, sized_work
 
-# Largest response head, and most body bytes held unread, accepted from an engine (a final SSE event
-# can carry a whole long answer).
+# Most body bytes held unread from an engine (a final SSE event can carry a whole long answer).
 READ_BUFFER = 8 * 1024 * 1024
+# Largest response head (or chunked trailers) accepted from an engine.
+HEAD_LIMIT = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,14 @@ class HttpSettings:
     api_key: str | None = None
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 600.0
+    """Longest silence between two pieces of a response's body."""
+    response_timeout_s: float | None = None
+    """Longest wait for the response's head once the request is written; default: ``read_timeout_s``."""
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    """Idle connections are reused only this long: below the engine's keep-alive."""
+    ssl_context: ssl.SSLContext | None = None
+    """For https engines: CA, verification, client certificate (``http_client.tls_context``);
+    default: the system's CA store."""
     max_connections: int = 256
     chat_template: str | None = None
     """For engines that take raw text (Triton, TGI native, MII REST): how chat is rendered."""
@@ -59,21 +77,36 @@ class HttpBackend(abc.ABC):
         self._http: HttpClient | None = None
         self._chat = ChatRenderer(settings.chat_template)
         self.in_flight = 0
+        self._retries_before = 0
+        """Retries counted by clients closed since (``aclose``)."""
 
     def _client(self) -> HttpClient:
         """The pooled client, made on first use (and again after ``aclose``)."""
         client = self._http
         if client is None or client.closed:
             settings = self.settings
+            if client is not None:
+                self._retries_before += client.retries
+            response_timeout_s = settings.response_timeout_s
             client = self._http = HttpClient(
                 settings.url,
                 max_connections=settings.max_connections,
                 connect_timeout_s=settings.connect_timeout_s,
+                response_timeout_s=settings.read_timeout_s if response_timeout_s is None else response_timeout_s,
                 read_timeout_s=settings.read_timeout_s,
+                idle_timeout_s=settings.idle_timeout_s,
                 read_limit=READ_BUFFER,
+                max_head_bytes=HEAD_LIMIT,
                 api_key=settings.api_key,
+                ssl_context=settings.ssl_context,
             )
         return client
+
+    @property
+    def transport_retries(self) -> int:
+        """Requests sent to this engine once more on a new connection because the first write could not
+        have reached it (a stale pooled connection); never a request the engine may have run."""
+        return self._retries_before + (self._http.retries if self._http is not None else 0)
 
     def models(self) -> list[str]:
         return [self._model]
@@ -129,34 +162,62 @@ class HttpBackend(abc.ABC):
     async def open_stream(
         self, request: GenerationRequest, path: str, payload: dict[str, Any]
     ) -> AsyncIterator[Response]:
-        """POST and yield the response once its status is 2xx. Leaving before the body's end closes the
-        connection, which is how engines learn that a request was cancelled."""
+        """POST (with the request's id in ``X-Request-Id``) and yield the response once its status is
+        2xx. Leaving before the body's end closes the connection, which is how engines learn that a
+        request was cancelled."""
         self.in_flight += 1
         clock = request.clock
         started = time.perf_counter()
+        rid = request.request_id
+        # The id goes into a header line: only when it cannot break one (the gateway's ids always can't).
+        headers = b"x-request-id: %s\r\n" % rid.encode() if rid.isascii() and rid.isprintable() else b""
         try:
             try:
-                response = await self._client().request("POST", path, orjson.dumps(payload))
+                response = await self._client().request("POST", path, orjson.dumps(payload), headers)
             except BaseException as exc:
                 clock.waited_s += time.perf_counter() - started
-                if isinstance(exc, TimeoutError):
-                    raise BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine") from exc
-                if isinstance(exc, ConnectError):
-                    raise BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}") from exc
-                if isinstance(exc, HttpError):
-                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}") from exc
+                if isinstance(exc, OSError):
+                    raise self._request_error(exc) from exc
                 raise
             # Waited until the response's bytes arrived; parsing them after that is the gateway's work.
             clock.waited_s += max(0.0, response.arrived_at - started)
             try:
-                if response.status >= 400:
-                    body = await self._read(response)
-                    raise http_errors.from_response(self.name, response.status, body, response.headers)
+                status = response.status
+                if status >= 300:
+                    if status >= 400:
+                        body = await self._read(response)
+                        raise http_errors.from_response(self.name, status, body, response.headers)
+                    location = response.headers.get("location", "")
+                    raise BackendError(
+                        ErrorKind.PROTOCOL,
+                        f"{self.name}: the engine answered {status} (redirect to {location or 'nowhere'}); "
+                        "redirects are not followed: point the backend's url at the engine itself",
+                    )
+                if response.content_type == "text/html":
+                    raise BackendError(
+                        ErrorKind.PROTOCOL,
+                        f"{self.name}: the engine answered {status} with text/html instead of JSON or "
+                        "an event stream (a login page or a proxy's error page?)",
+                    )
                 yield response
             finally:
                 response.release()  # back to the pool if the body came in whole, else closed
         finally:
             self.in_flight -= 1
+
+    def _request_error(self, exc: OSError) -> BackendError:
+        """A request that got no response head."""
+        if isinstance(exc, TimeoutError):
+            return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine")
+        if isinstance(exc, RequestNotSentError):
+            return BackendError(ErrorKind.CONNECT, f"{self.name}: the request could not be sent: {exc}")
+        if isinstance(exc, ConnectError):
+            return BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}")
+        if isinstance(exc, NoResponseError):
+            return BackendError(ErrorKind.PROTOCOL, f"{self.name}: no response: {exc}")
+        if isinstance(exc, HttpError):
+            return BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}")
+        return BackendError(ErrorKind.CONNECT, f"{self.name}: {type(exc).__name__}: {exc}")
 
     async def _read(self, response: Response, clock: EngineClock | None = None) -> bytes:
         started = time.perf_counter()
@@ -190,6 +251,10 @@ class HttpBackend(abc.ABC):
         except OSError as exc:
             raise self.transport_error(exc) from exc
 
+    async def render_prompt(self, request: GenerationRequest) -> str:
+        """``prompt_text`` sized to the request: a long history renders in a thread, off the event loop."""
+        return await sized_work(request, self.prompt_text)
+
     def prompt_text(self, request: GenerationRequest) -> str:
         """The text an engine that takes raw text gets: chat rendered with the model's template."""
         return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
@@ -215,8 +280,16 @@ class HttpBackend(abc.ABC):
             for event in parser.feed(piece):
                 # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
                 done = done or event.data == "[DONE]"
-                if not done:
+                if done:
+                    continue
+                try:
                     batch.append(self._json_doc(event, trust_status))
+                except BackendError:
+                    # What came before the error is delivered first, so the commit point does not depend
+                    # on whether the engine's bytes arrived in one read or in several.
+                    if batch:
+                        yield batch
+                    raise
             if batch:
                 yield batch
         tail = [self._json_doc(e, trust_status) for e in parser.close() if not done and e.data != "[DONE]"]

@@ -6,6 +6,10 @@ Shapes seen in the references: OpenAI's ``{"error": {"message", "type", "code"}}
 ``{"error": "...", "error_type": "..."}``, TGI chat streams'
 ``{"error": {"message", "http_status_code"}}``, Triton's and trtllm-serve's
 validation ``{"error": "..."}``, MII's ``{"message": ...}`` and fastchat codes.
+
+What the engine wrote stays in the error's ``detail`` (for logs); its ``message`` is what a client may
+read: the engine's own words only where they tell the client what to change (a bad request, a prompt
+too long), with URLs, hosts, file paths and tracebacks taken out; otherwise what kind of failure it was.
 """
 
 from __future__ import annotations
@@ -27,6 +31,58 @@ _INVALID = re.compile(r"^input validation error", re.IGNORECASE)
 # trtllm-serve reports a full queue as a 400 with this text; it is an overload, worth retrying elsewhere.
 _BUSY = re.compile(r"queue size of \d+ has been reached|try again later|model is overloaded", re.IGNORECASE)
 _OVERLOADED_TYPES = {"overloaded", "unavailable_error", "rate_limit_error", "RateLimitError"}
+
+
+class EngineError(BackendError):
+    """A ``BackendError`` from what an engine answered: ``message`` is safe to show a client, ``detail``
+    keeps the engine's own words (hosts, paths, tracebacks included) for the logs."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, detail: str, **options: Any) -> None:
+        super().__init__(kind, message, **options)
+        self.detail = detail
+
+
+# Engine words worth showing a client: those saying what was wrong with the request.
+_SHOWN = (ErrorKind.BAD_REQUEST, ErrorKind.CONTEXT_LENGTH)
+_SUMMARY = {
+    ErrorKind.OVERLOADED: "the engine is overloaded",
+    ErrorKind.TIMEOUT: "the engine timed out",
+    ErrorKind.UPSTREAM: "the engine failed",
+    ErrorKind.PROTOCOL: "the engine answered something unreadable",
+    ErrorKind.CONNECT: "the engine is unreachable",
+}
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \"", re.MULTILINE)
+_SCRUB = (
+    (re.compile(r"\b[a-zA-Z][\w+.-]*://\S+"), "<url>"),
+    (re.compile(r"\b[\w/.-]*\.(?:cc|cpp|cu|cuh|h|hpp|py|rs|go)(?::\d+)+"), "<source>"),
+    (re.compile(r"(?<![\w.])(?:/[\w.@+-]+){2,}/?"), "<path>"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b|\[[0-9a-fA-F:]+\](?::\d+)?"), "<host>"),
+    (re.compile(r"\b[a-zA-Z][\w-]*(?:\.[\w-]+)*:\d{2,5}\b"), "<host>"),
+    (re.compile(r"\b(?:[a-zA-Z0-9-]+\.)+(?:svc|local|internal|lan|cluster|com|net|org|io|cloud)\b"), "<host>"),
+)
+_SHOWN_CHARS = 500
+
+
+def client_text(message: str) -> str:
+    """``message`` without what only the engine's operators should see: tracebacks, URLs, hosts, paths."""
+    found = _TRACEBACK.search(message)
+    if found is not None:
+        message = message[: found.start()]
+    for pattern, replacement in _SCRUB:
+        message = pattern.sub(replacement, message)
+    message = " ".join(message.split())
+    return message[:_SHOWN_CHARS].rstrip(" ,:;")
+
+
+def _error(kind: ErrorKind, head: str, message: str, param: Any, retry_after: float | None) -> EngineError:
+    shown = client_text(message) if kind in _SHOWN else ""
+    return EngineError(
+        kind,
+        f"{head}: {shown or _SUMMARY.get(kind, 'the engine failed')}",
+        detail=f"{head}: {message or 'no message'}",
+        param=param if isinstance(param, str) else None,
+        retry_after=retry_after,
+    )
 
 
 def _message(doc: Any) -> tuple[str, Any, Any, Any]:
@@ -77,7 +133,7 @@ def parse_body(body: bytes) -> Any:
         return body.decode("utf-8", "replace").strip()
 
 
-def from_response(engine: str, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
+def from_response(engine: str, status: int, body: bytes, headers: Mapping[str, str]) -> EngineError:
     """An HTTP error status from the engine, before any token."""
     message, type_, code, param = _message(parse_body(body))
     if isinstance(code, int) and 100 <= code < 600 and status == 200:
@@ -92,20 +148,13 @@ def from_response(engine: str, status: int, body: bytes, headers: Mapping[str, s
             retry_after = None
     if kind is ErrorKind.OVERLOADED and retry_after is None:
         retry_after = 1.0
-    text = f"{engine} answered {status}: {message or 'no message'}"
-    return BackendError(kind, text, param=param if isinstance(param, str) else None, retry_after=retry_after)
+    return _error(kind, f"{engine} answered {status}", message, param, retry_after)
 
 
-def from_event(engine: str, doc: Any, trust_status: bool = True) -> BackendError:
+def from_event(engine: str, doc: Any, trust_status: bool = True) -> EngineError:
     """An error the engine sent inside a stream (after a 200). ``trust_status`` False: the event's
     status code says nothing (TGI's Messages API writes 422 on every stream error)."""
     message, type_, code, param = _message(doc)
     status = code if trust_status and isinstance(code, int) and 100 <= code < 600 else None
     kind = _kind(status, message, type_, code)
-    retry_after = 1.0 if kind is ErrorKind.OVERLOADED else None
-    return BackendError(
-        kind,
-        f"{engine} stream error: {message or 'no message'}",
-        param=param if isinstance(param, str) else None,
-        retry_after=retry_after,
-    )
+    return _error(kind, f"{engine} stream error", message, param, 1.0 if kind is ErrorKind.OVERLOADED else None)

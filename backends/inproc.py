@@ -58,7 +58,9 @@ class TextAssembler:
 
     def flush(self) -> str:
         """At the end of generation: whatever was held back is plain text after all."""
-        return self._stops.flush() + self._stops.feed(self._decoder.decode(b"", final=True))
+        # The decoder's last characters first: fed after the flush, a partial stop among them was lost.
+        out = self._stops.feed(self._decoder.decode(b"", final=True))
+        return out + self._stops.flush()
 
 
 _DONE = object()

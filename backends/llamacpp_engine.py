@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from backends.base import Chunk, GenerationRequest, Health
-from backends.gguf_file import read_gguf
+from backends.gguf_file import GgufCache
 from backends.inproc import InProcessEngine
+from backends.text import sized_work
 
 
 class LlamaCppBackend(InProcessEngine):
@@ -26,10 +27,11 @@ class LlamaCppBackend(InProcessEngine):
         threads: int = 1,
         n_ctx: int | None = None,
         max_queue: int = 64,
+        ggufs: GgufCache | None = None,
     ) -> None:
         from llama_cpp import Llama
 
-        gguf = read_gguf(gguf_path, with_tensors=False)
+        gguf = (ggufs or GgufCache()).header(gguf_path)
         context = min(n_ctx or gguf.context_length, gguf.context_length)
         super().__init__(name, model_name, gguf.vocab, context, 1, max_queue)
         self._llama = Llama(str(gguf_path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -37,9 +39,15 @@ class LlamaCppBackend(InProcessEngine):
     async def health(self) -> Health:
         return Health(ok=True)
 
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        # Tokenizing reads only the model's vocabulary, never the context the worker thread decodes with.
+        ids: list[int] = self._llama.tokenize(
+            self.prompt_text(request).encode(), add_bos=self._vocab.add_bos, special=True
+        )
+        return ids
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        text = self.prompt_text(request)
-        prompt = self._llama.tokenize(text.encode(), add_bos=self._vocab.add_bos, special=True)
+        prompt = await sized_work(request, self._prompt_ids)
         llama = self._llama
         # Greedy is top-k 1; otherwise plain temperature and nucleus sampling over the whole vocabulary.
         temp, top_k, top_p = (0.0, 1, 1.0) if request.greedy else (request.temperature, 0, request.top_p)

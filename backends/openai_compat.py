@@ -111,9 +111,9 @@ class OpenAICompatBackend(HttpBackend):
                     finish = chunk.finish or finish
                     usage = chunk.usage or usage
                     stop_reason = chunk.stop_reason if chunk.stop_reason is not None else stop_reason
-                    if chunk.text:
+                    if chunk.text and not stops.stopped:  # what arrived after the stop is not the answer
                         pieces += 1
-                        text = "" if stops.stopped else stops.feed(chunk.text)
+                        text = stops.feed(chunk.text)
                         if text:
                             texts.append(text)
                 for i, text in enumerate(texts, 1):  # one chunk per engine event, marked as arriving together

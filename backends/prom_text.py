@@ -24,6 +24,9 @@ class LoadMap:
     kv_cache: Gauge | None = None
     kv_scale: float = 1.0
     """Multiply the kv-cache gauge by this to get a 0..1 fraction."""
+    held: tuple[Gauge, Gauge] | None = None
+    """Requests the engine holds but does not run, as the first gauge minus the second (TensorRT-LLM's
+    active minus scheduled requests): they wait, so they are added to ``waiting``."""
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -50,6 +53,9 @@ def read_load(text: str, mapping: LoadMap) -> Load | None:
     if running is None and waiting is None:
         return None
     kv = _read(found, mapping.kv_cache) if mapping.kv_cache else None
+    if mapping.held is not None:
+        holding, run = (_read(found, g) for g in mapping.held)
+        waiting = (waiting or 0) + max(0.0, (holding or 0) - (run or 0))
     return Load(
         running=int(running or 0),
         waiting=int(waiting or 0),

@@ -79,7 +79,7 @@ class TgiBackend(_TgiHealth):
     engine = "tgi"
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = self.prompt_text(request)
+        prompt = await self.render_prompt(request)
         stops = StopStrings(request.stop)
         details: dict[str, Any] | None = None
         async with self.open_stream(

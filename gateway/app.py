@@ -11,6 +11,7 @@ import random
 import re
 import signal
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.admin import routes as admin_routes
 from gateway.completions import serve
 from gateway.config import LoadedConfig
+from gateway.cors import Cors, is_preflight
 from gateway.engines import BackendFactory, build_backend
 from gateway.errors import ApiError, model_not_found
 from gateway.http_protocol import RECEIVED
@@ -53,11 +55,22 @@ class Gateway:
     def __init__(self, state: AppState, app: Starlette) -> None:
         self.state = state
         self.app = app
+        origins = state.config.server.cors_origins
+        self.cors = Cors(origins) if origins else None
+        self.live: set[asyncio.Task[Any]] = set()
+        """Generation requests in flight: a graceful shutdown ends those still running (``end_requests``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.cors is not None:  # off by default: one test per request
+            origin = self.cors.origin(scope)
+            if origin is not None:
+                if is_preflight(scope):
+                    await self.cors.preflight(origin, send)
+                    return
+                send = self.cors.wrap(origin, send)
         rid = request_id(scope)
         chat = _GENERATION.get(scope["path"]) if scope["method"] == "POST" else None
         if chat is not None:
@@ -65,10 +78,15 @@ class Gateway:
             return
         scope["enginegate.request_id"] = rid
         header = (b"x-request-id", rid.encode())
+        route = _route_label(scope["path"])
+        metrics = self.state.metrics
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), header]
+                status = message["status"]
+                if route is not None or status >= 400:  # probes and scrapes count only when they fail
+                    metrics.other_request(route or "other", status)
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -76,6 +94,9 @@ class Gateway:
     async def _generation(self, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool) -> None:
         ex = Exchange(receive, send, rid)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        task = asyncio.current_task()
+        if task is not None:
+            self.live.add(task)
         try:
             await serve(ex, headers, self.state, chat, scope.get(RECEIVED))
         except ApiError as exc:
@@ -84,20 +105,51 @@ class Gateway:
         except ClientGone:
             pass  # left while sending the body: nothing was started, nobody to answer
         except asyncio.CancelledError:
-            if not ex.left:
+            if not (ex.left or self.state.draining) or task is None:
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # our own cancellation, done: the client left and its work was stopped
+            task.uncancel()  # our own cancellation, done: the client left, or shutdown ended it; work stopped
+            if not ex.left:
+                await _shutdown_notice(ex)
         except Exception:
-            log.exception("unhandled error", extra={"request_id": rid})
+            log.exception("unhandled error", extra={"request_id": rid})  # the request's life recorded it
             if not ex.started:
                 await ex.error(ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
         finally:
             ex.close()
+            if task is not None:
+                self.live.discard(task)
+
+    def end_requests(self) -> int:
+        """Shutdown's grace is over: cancel the generation requests still running; each ends with an
+        error (an SSE error event and ``[DONE]`` once streaming) and its engine work is stopped."""
+        for task in self.live:
+            task.cancel()
+        return len(self.live)
+
+
+async def _shutdown_notice(ex: Exchange) -> None:
+    """Tell the client its request was cut by a shutdown; bounded, a client that reads nothing gets nothing."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_NOTICE_S):
+            await ex.abort(_SHUTTING_DOWN)
 
 
 _GENERATION = {"/v1/chat/completions": True, "/v1/completions": False}
+_NOTICE_S = 1.0
+_SHUTTING_DOWN = ApiError(
+    503, "The gateway is shutting down; retry the request.", type="api_error", code="shutting_down", retry_after=1.0
+)
+
+
+def _route_label(path: str) -> str | None:
+    """The metrics route of an API response other than generation (None: health, metrics, unknown)."""
+    if path.startswith("/v1/models"):
+        return "models"
+    if path.startswith("/admin/"):
+        return "admin"
+    return None
+
+
 _INTERNAL = "The gateway hit an internal error; the request id identifies it in the logs."
 
 
@@ -181,9 +233,9 @@ def _routes(state: AppState) -> list[Route]:
         return json_response({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        ready = state.fleet.ready
+        ready = state.fleet.ready and not state.draining
         doc = {
-            "status": "ready" if ready else "not_ready",
+            "status": "ready" if ready else "draining" if state.draining else "not_ready",
             "backends": {b.name: b.healthy for b in state.fleet.snapshot().backends},
         }
         return json_response(doc, 200 if ready else 503)

@@ -136,7 +136,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.http_protocol import StampedHttpToolsProtocol
+    from gateway.drain import SETTLE_S, attach
+    from gateway.http_protocol import GatewayHttpProtocol, raise_fd_limit
     from gateway.logs import configure
 
     configure(args.log_level, args.log_format)
@@ -147,6 +148,7 @@ def _serve(args: argparse.Namespace) -> int:
         print("--workers must be at least 1", file=sys.stderr)
         return 1
     server = loaded.config.server
+    raise_fd_limit(server.max_connections)  # before the workers start: they inherit it
     options: dict[str, Any] = {
         "host": args.host or server.host,
         "port": server.port if args.port is None else args.port,
@@ -154,8 +156,11 @@ def _serve(args: argparse.Namespace) -> int:
         "log_config": None,  # keep the handler configured above (JSON by default)
         "access_log": False,
         "lifespan": "on",
-        "timeout_graceful_shutdown": 10,
-        "http": StampedHttpToolsProtocol,
+        "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
+        "ws": "none",
+        "timeout_keep_alive": server.keep_alive_timeout_s,
+        # gateway/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
+        "timeout_graceful_shutdown": server.shutdown_grace_s + SETTLE_S,
     }
     if args.workers == 1:
         try:
@@ -164,8 +169,10 @@ def _serve(args: argparse.Namespace) -> int:
             for problem in exc.problems:
                 print(problem, file=sys.stderr)
             return 1
-        uvicorn.run(app, **options)
-        return 0
+        # Loaded by the server (a factory), so the drain takes over uvicorn's signal handling.
+        runner = uvicorn.Server(uvicorn.Config(lambda: attach(app), factory=True, **options))
+        runner.run()
+        return 0 if runner.started else 3
     # Several processes: each builds its own app from the environment, and metrics go through
     # prometheus-client's shared directory so that /metrics counts every worker's requests.
     from gateway.metrics import MULTIPROCESS_ENV
@@ -180,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
         "ENGINEGATE_LOG_LEVEL": args.log_level,
         "ENGINEGATE_LOG_FORMAT": args.log_format,
     }
-    uvicorn.run("gateway.app:from_environment", factory=True, workers=args.workers, **options)
+    uvicorn.run("gateway.drain:worker_app", factory=True, workers=args.workers, **options)
     return 0
 
 

@@ -7,17 +7,20 @@ commit point are HTTP errors; after it, an SSE error event and ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
 
-from backends.base import BackendError, EngineClock, GenerationRequest, Usage
+from backends.base import BackendError, Usage
 from gateway import dispatch
+from gateway.dispatch import Deadlines
 from gateway.errors import ApiError, from_backend, model_not_found
+from gateway.lifecycle import RequestLife
 from gateway.openai_api import (
     ChatBody,
     CompletionBody,
@@ -27,7 +30,7 @@ from gateway.openai_api import (
     prompt_texts,
     to_generation,
 )
-from gateway.streaming import DONE, Exchange, event
+from gateway.streaming import DONE, ClientGone, Exchange, event
 from routing.features import InvalidHeader, features
 from routing.policy import choose
 from routing.types import Decision, Reason
@@ -49,6 +52,14 @@ def _no_candidates(decision: Decision, model: str) -> ApiError:
             code="budget_unmeetable",
             retry_after=decision.retry_after_s or 1.0,
         )
+    if decision.reason is Reason.OVERLOADED:
+        return ApiError(
+            503,
+            f"Every backend serving `{model}` is at capacity; retry after the Retry-After interval.",
+            type="api_error",
+            code="overloaded",
+            retry_after=decision.retry_after_s or 1.0,
+        )
     if decision.reason is Reason.NOTHING_FITS:
         why = "; ".join(f"{name}: {text}" for name, text in decision.excluded.items())
         return ApiError(400, f"No backend can hold this request for `{model}` ({why}).", code="context_length_exceeded")
@@ -61,108 +72,28 @@ def _no_candidates(decision: Decision, model: str) -> ApiError:
     )
 
 
-@dataclass
-class Outcome:
-    """One request's accounting, from dispatch to its last byte: the fleet learns TTFT and per-token
-    time (estimator) and engine failures (circuit breaker); metrics and one log line record it."""
-
-    state: AppState
-    chat: bool
-    request_id: str
-    model: str
-    decision: Decision
-    started: float
-    stream: bool
-    clock: EngineClock
-    backend: str = "none"
-    ttft_s: float = 0.0
-    first_at: float = 0.0
-    failures: list[tuple[str, BackendError]] = field(default_factory=list)
-
-    def committed(self, committed: dispatch.Committed) -> None:
-        self.backend = committed.backend
-        self.first_at = time.perf_counter()
-        self.ttft_s = self.first_at - self.started
-        self.failures = committed.failures
-        self._attempts()
-
-    def _attempts(self) -> None:
-        metrics = self.state.metrics
-        for name, exc in self.failures:
-            metrics.attempt(name, exc.kind.value)
-            if exc.engine_fault:
-                self.state.fleet.failed(name)
-        if self.backend != "none":
-            metrics.attempt(self.backend, "ok")
-            if self.failures:
-                metrics.failover(self.model)
-
-    def failed_to_start(self, error: BackendError | None) -> None:
-        """No backend answered: every attempt failed (``error``), or the client left first (None)."""
-        self.failures = error.failures if error is not None else []
-        self._attempts()
-        self._finish("error" if error is not None else "cancelled", None, error)
-
-    def done(
-        self, usage: Usage | None, error: BackendError | None = None, cancelled: bool = False, crashed: bool = False
-    ) -> None:
-        """The answer ended: completely (usage), with an engine error, because the client left, or
-        because the gateway itself failed (``crashed``: not the engine's fault)."""
-        fleet = self.state.fleet
-        fleet.end(self.backend)
-        if error is not None or crashed:
-            if error is not None and error.engine_fault:
-                fleet.failed(self.backend)
-            self._finish("error", usage, error)
-            return
-        tokens = usage.completion_tokens if usage else 0
-        tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
-        predicted = next(
-            (c.prediction.prior_ttft_ms for c in self.decision.candidates if c.backend == self.backend), None
-        )
-        fleet.succeeded(
-            self.backend, predicted if predicted is not None else self.ttft_s * 1000, self.ttft_s * 1000,
-            None if tpot_s is None else tpot_s * 1000,
-        )  # fmt: skip
-        if usage is not None and not cancelled:
-            self.state.metrics.answered(
-                self.chat, self.model, self.backend, time.perf_counter() - self.started, self.ttft_s, tpot_s,
-                usage.prompt_tokens, usage.completion_tokens,
-            )  # fmt: skip
-        self._finish("cancelled" if cancelled else "ok", usage, None)
-
-    def _finish(self, result: str, usage: Usage | None, error: BackendError | None) -> None:
-        self.state.metrics.request(self.chat, self.model, self.backend, result)
-        if not log.isEnabledFor(logging.INFO):
-            return
-        log.info(
-            "request",
-            extra={
-                "request_id": self.request_id,
-                "route": "chat" if self.chat else "completions",
-                "model": self.model,
-                "backend": self.backend,
-                "route_reason": self.decision.reason.value,
-                "rule": self.decision.rule,
-                "outcome": result,
-                "error_kind": error.kind.value if error else None,
-                "stream": self.stream,
-                "attempts": len(self.failures) + (self.backend != "none"),
-                "ttft_ms": round(self.ttft_s * 1000, 3) if self.backend != "none" else None,
-                "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
-                "engine_wait_ms": round(self.clock.waited_s * 1000, 3),
-                "prompt_tokens": usage.prompt_tokens if usage else None,
-                "completion_tokens": usage.completion_tokens if usage else None,
-            },
-        )
-
-
 async def serve(
     ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool, received: float | None = None
 ) -> None:
     """Answer one generation request on ``ex``; errors before the answer starts raise ``ApiError``.
-    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known."""
+    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known.
+    The request's ``RequestLife`` records how it ended, whichever way that is."""
     started = received if received is not None else time.perf_counter()
+    life = RequestLife(state, chat, ex, started)
+    try:
+        await _serve(ex, headers, state, chat, life)
+    except ApiError as exc:
+        life.refused(exc, exc.__cause__ if isinstance(exc.__cause__, BackendError) else None)
+        raise
+    except (ClientGone, asyncio.CancelledError):
+        life.left()
+        raise
+    except Exception:
+        life.crashed()
+        raise
+
+
+async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool, life: RequestLife) -> None:
     rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
     limits = rt.config.limits
     raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
@@ -171,65 +102,51 @@ async def serve(
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
-    body = parse_body(ChatBody if chat else CompletionBody, data)
+    body = parse_body(ChatBody if chat else CompletionBody, data, limits.max_messages, limits.max_stop_chars)
     gen = to_generation(body, ex.request_id, limits.max_tokens, limits.max_messages)
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
+    life.model = gen.model
     try:
         counter = rt.counters.get(gen.model)
-        exact = counter.count(gen) if counter is not None else None
-        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, bool(body.stream), headers, exact)
+        exact = await counter.measure(gen) if counter is not None else None
+        stream = bool(body.stream)
+        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, stream, headers, exact, random.random())
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-    decision = choose(feats, state.fleet.snapshot(), rt.rules)
+    fleet = state.fleet
+    decision = choose(feats, fleet.snapshot(), rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
+    life.routed(gen.model, decision, bool(body.stream))
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     shape = ResponseShape(chat, ex.request_id, gen.model, include_usage)
-    ex.header("x-enginegate-route", decision.reason.value)
-    if decision.rule:
-        ex.header("x-enginegate-rule", decision.rule)
-    timeout = rt.config.routing.first_token_timeout_s
+    routing = rt.config.routing
+    deadlines = Deadlines(routing.first_token_timeout_s, routing.answer_timeout_s)
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
-    outcome = Outcome(state, chat, ex.request_id, gen.model, decision, started, bool(body.stream), gen.clock)
-    state.metrics.started("chat" if chat else "completions")
+    targets = fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
+    whole = not body.stream
     try:
-        committed = await dispatch.start(
-            decision, state.fleet.backends, gen, timeout, state.fleet, feats.prompt_tokens, hedge_after
-        )
+        committed = await dispatch.start(targets, gen, deadlines, life, feats.prompt_tokens, whole, hedge_after)
     except BackendError as exc:
-        outcome.failed_to_start(exc)
-        raise from_backend(exc) from None
-    except BaseException:  # the client left before any backend answered
-        outcome.failed_to_start(None)
-        raise
-    outcome.committed(committed)
-    ex.header("x-enginegate-backend", committed.backend)
+        life.engine_wait_s = gen.clock.waited_s
+        raise from_backend(exc) from exc
+    life.committed(committed)
     if body.stream:
         # A stream's headers go out with its first token: what the gateway added up to there.
-        _overhead(ex, state, chat, started, gen)
-        await _stream(ex, _events(committed, shape, state, chat, outcome))
+        life.overhead_header(gen.clock.waited_s)
+        await _stream(ex, _events(committed, shape, life))
         return
     try:
         text, finish, usage = await _collect(committed)
-    except BackendError as exc:
-        outcome.done(None, exc)
-        raise from_backend(exc) from None
     except BaseException:
-        outcome.done(None, cancelled=True)
+        life.answered(None, cancelled=True)
         raise
-    outcome.done(usage)
+    life.answered(usage)
     payload = orjson.dumps(shape.whole(text, finish, usage))
-    _overhead(ex, state, chat, started, gen)
+    life.overhead_header(gen.clock.waited_s)
     await ex.respond(200, payload)
-
-
-def _overhead(ex: Exchange, state: AppState, chat: bool, started: float, gen: GenerationRequest) -> None:
-    """The request's time in the gateway so far minus the time it waited on its engine."""
-    seconds = max(0.0, time.perf_counter() - started - gen.clock.waited_s)
-    state.metrics.overhead(chat, seconds)
-    ex.header("x-enginegate-overhead-ms", f"{seconds * 1000:.3f}")
 
 
 async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
@@ -261,7 +178,7 @@ async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usag
 
 
 async def _events(
-    committed: dispatch.Committed, shape: ResponseShape, state: AppState, chat: bool, outcome: Outcome
+    committed: dispatch.Committed, shape: ResponseShape, life: RequestLife
 ) -> AsyncGenerator[bytes, None]:
     result = "cancelled"
     usage: Usage | None = None
@@ -287,14 +204,16 @@ async def _events(
         result = "ok"
     except BackendError as exc:
         result, failure = "error", exc
-        log.warning("stream failed after commit", extra={"backend": committed.backend, "kind": exc.kind.value})
         yield b"".join(held) + event(from_backend(exc).body())  # what arrived before the failure, then why
     except Exception:  # never a silent close: the client gets an error event and [DONE]
         result = "error"
-        log.exception("stream failed after commit", extra={"backend": committed.backend})
+        log.exception("the gateway failed while streaming", extra={"request_id": life.ex.request_id})
         failed = ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error")
         yield b"".join(held) + event(failed.body())
     finally:
         await committed.aclose()
-        outcome.done(usage, failure, cancelled=result == "cancelled", crashed=result == "error" and failure is None)
+        if result == "error":
+            life.broke(failure, usage)
+        else:
+            life.answered(usage, cancelled=result == "cancelled")
     yield DONE

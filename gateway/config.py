@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.gguf_file import GgufCache
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 
@@ -29,11 +31,43 @@ class ServerConfig(_Strict):
     port: int = Field(default=8000, ge=0, le=65535)
     cache_dir: str | None = None
     """Where models derived from GGUF files are kept; default: $XDG_CACHE_HOME/enginegate."""
+    # Connection limits (read at start; gateway/http_protocol.py enforces them).
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Request line and headers together; beyond it 431."""
+    max_headers: int = Field(default=100, ge=8)
+    max_url_bytes: int = Field(default=8192, ge=256)
+    """Beyond it 414."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """From a request's first byte to the end of its headers (slowloris); then 408."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Time to receive a request body, extended by one second per ``body_min_rate_bytes_s`` received."""
+    body_min_rate_bytes_s: int = Field(default=16 * 1024, ge=1)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    """An idle connection (none in flight, new or between requests) is closed after this."""
+    max_connections: int = Field(default=1000, ge=1)
+    """Open client connections; beyond it new ones get a fast 503 with Retry-After (idle ones are
+    closed first to make room; health probes get a few extra connections)."""
+    max_output_buffer_bytes: int = Field(default=256 * 1024, ge=4096)
+    """What the gateway holds for a client that reads slowly before it stops writing to it."""
+    write_timeout_s: float = Field(default=30.0, gt=0)
+    """A client that accepts nothing for this long, its output buffer full, is treated as gone."""
+    allowed_hosts: list[str] | None = None
+    """``Host`` names accepted (port ignored; ``*.example.com`` matches subdomains; ``["*"]``: all).
+    Default: on a loopback address only localhost, 127.0.0.1 and [::1] (DNS rebinding), else all."""
+    cors_origins: list[str] = []
+    """Browser origins allowed by CORS (``["*"]``: any); default none: no CORS headers, preflight refused."""
+    drain_delay_s: float = Field(default=0.0, ge=0)
+    """On SIGTERM /readyz turns 503 at once; new connections are still served this long (so load
+    balancers notice) before the listener closes."""
+    shutdown_grace_s: float = Field(default=20.0, gt=0)
+    """Then requests in flight get this long; streams still open get an error event and [DONE]."""
 
 
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=1024, ge=1)
+    max_stop_chars: int = Field(default=1024, ge=1)
+    """Longest stop string a request may send (at most 4, as OpenAI allows)."""
     max_tokens: int = Field(default=32768, ge=1)
     """Largest ``max_tokens`` a client may ask for."""
     health_interval_s: float = Field(default=5.0, gt=0)
@@ -85,6 +119,27 @@ class LlamaCppConfig(_Placement):
     max_queue: int = Field(default=64, ge=0)
 
 
+class TlsConfig(_Strict):
+    """Client TLS for an https engine; paths are relative to this file."""
+
+    ca_file: str | None = None
+    """PEM bundle of the CAs that sign the engine's certificate; default: the system's store."""
+    verify: bool = True
+    """False: accept any certificate and host name (a test setup, never production)."""
+    cert_file: str | None = None
+    """PEM client certificate, for engines (or load balancers) that require one."""
+    key_file: str | None = None
+    """Its private key, when it is not in ``cert_file``."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TlsConfig:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file")
+        if not self.verify and self.ca_file is not None:
+            raise ValueError("ca_file is unused with verify: false")
+        return self
+
+
 class _HttpEngine(_Placement):
     """An engine deployment reached over HTTP."""
 
@@ -96,10 +151,22 @@ class _HttpEngine(_Placement):
     api_key_env: str | None = None
     """Environment variable holding the engine's API key (keys never live in this file)."""
     connect_timeout_s: float = Field(default=2.0, gt=0)
+    response_timeout_s: float | None = Field(default=None, gt=0)
+    """From the request written to the response's status and headers; default: ``read_timeout_s``."""
     read_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest silence between two pieces of a response's body."""
+    idle_timeout_s: float = Field(default=4.0, gt=0)
+    """Idle connections are reused only this long; keep it below the engine's keep-alive (uvicorn: 5 s)."""
+    tls: TlsConfig | None = None
     max_concurrency: int = Field(default=256, ge=1)
     default_max_tokens: int = Field(default=256, ge=1)
     """For engines that need a token limit when the client sets none (TGI native, Triton, MII REST)."""
+
+    @model_validator(mode="after")
+    def _tls_is_for_https(self) -> _HttpEngine:
+        if self.tls is not None and not self.url.startswith("https://"):
+            raise ValueError("tls needs an https:// url")
+        return self
 
 
 class VLLMConfig(_HttpEngine):
@@ -113,6 +180,10 @@ class TrtllmServeConfig(_HttpEngine):
 class TritonTrtllmConfig(_HttpEngine):
     engine: Literal["triton_trtllm"]
     triton_model: str = "ensemble"
+    text_output: Literal["whole", "cumulative", "per_token"] = "whole"
+    """How the model streams text: ``whole`` (the ensemble, not streamed: exact), ``cumulative``
+    (``tensorrt_llm_bls`` with ``accumulate_tokens: true``: streamed and exact) or ``per_token`` (the
+    ensemble streamed: each token decoded alone, which loses SentencePiece word spaces)."""
 
 
 class TgiConfig(_HttpEngine):
@@ -189,9 +260,26 @@ class WeightsConfig(_Strict):
     affinity: float = Field(default=0.1, ge=0)
 
 
+class BreakerConfig(_Strict):
+    threshold: int = Field(default=5, ge=1)
+    """Consecutive engine failures that open a backend's breaker."""
+    cooldown_s: float = Field(default=1.0, gt=0)
+    """Open this long before the first probes; doubles with each failed recovery."""
+    max_cooldown_s: float = Field(default=30.0, gt=0)
+
+
 class RoutingConfig(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=16)
     first_token_timeout_s: float = Field(default=60.0, gt=0)
+    """A streaming engine's first content token must arrive within this, or the next backend is tried."""
+    answer_timeout_s: float = Field(default=600.0, gt=0)
+    """Whole answers (non-streaming requests, whose commit point is the complete answer, and engines
+    that answer at once such as MII REST) must be complete within this."""
+    breaker: BreakerConfig = BreakerConfig()
+    max_queue_wait_s: float = Field(default=20.0, gt=0)
+    """Admission control: a request is not queued where it is predicted to wait longer than this
+    (twice for positive ``x-priority``, half for negative); when no backend can take it, 503 with
+    Retry-After from the predicted wait, instead of a timeout a minute later."""
     mode: Literal["best_effort", "strict"] = "best_effort"
     """strict: a request no backend can serve within its budget gets 429 with Retry-After."""
     hedging: bool = False
@@ -271,6 +359,8 @@ class LoadedConfig:
 
     config: GatewayConfig
     path: Path
+    ggufs: GgufCache = field(default_factory=GgufCache, compare=False, repr=False)
+    """GGUF files parsed once, shared by every reader of this config and carried across reloads."""
 
     def resolve(self, relative: str) -> Path:
         p = Path(os.path.expanduser(relative))
@@ -367,14 +457,15 @@ def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, di
         raise ConfigError(problems) from exc
 
 
-def load_config(path: str | Path) -> LoadedConfig:
+def load_config(path: str | Path, ggufs: GgufCache | None = None) -> LoadedConfig:
+    """``ggufs``: the running config's parsed GGUF files, so a reload reads only files that changed."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
     config, lines = parse_config(text, str(path))
-    loaded = LoadedConfig(config, path.resolve())
+    loaded = LoadedConfig(config, path.resolve(), ggufs or GgufCache())
     problems = []
     for i, m in enumerate(config.models):
         if m.gguf is not None and not loaded.resolve(m.gguf).is_file():

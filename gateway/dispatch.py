@@ -1,42 +1,75 @@
 """Run a routing decision: try candidates in order until one commits.
 
-Everything before the first content is retryable on the next candidate
-(retryable ``BackendError``, a stream that ends early, no first token within
-the timeout). The first content is the commit point: ``Committed`` then owns
-the backend's stream, and whoever consumes it must ``aclose()`` it, which
-cancels the engine's work.
+The commit point is the first byte the client would get. For a stream that is
+the first content (text or a finish reason); for an answer sent whole (not
+streamed) it is the complete answer: a failure anywhere before it, mid-generation
+included, moves to the next candidate, because nothing has reached the client.
+``Committed`` then owns the backend's stream, and whoever consumes it must
+``aclose()`` it, which cancels the engine's work.
+
+Deadlines per phase: the first token (streaming engines), and the whole answer
+for answers collected before they are sent and for engines that answer at once
+(``answers_whole``, where the first chunk is the whole answer). Connecting,
+response headers and gaps between bytes are the transport's deadlines.
+
+Every attempt is reported to the ``Tracker`` (the request's lifecycle) as it
+happens: sent, first token, failed, ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
-from routing.types import Decision
 
 log = logging.getLogger("enginegate.dispatch")
 
 
+class Target(Protocol):
+    """A backend as dispatch tries it (the fleet's entry: in-flight state lives on it, not on a name)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
+
 class Tracker(Protocol):
-    """Who counts attempts per backend (the fleet): routing's in-flight and prefill-backlog figures."""
+    """Who hears of every attempt as it happens: the request's lifecycle, which keeps the fleet's
+    in-flight and prefill-backlog figures, the breakers, metrics and logs."""
 
-    def sending(self, name: str, prompt_tokens: int) -> None: ...
+    def sending(self, target: Target, prompt_tokens: int) -> None: ...
 
-    def first_token(self, name: str, prompt_tokens: int) -> None: ...
+    def first_token(self, target: Target, prompt_tokens: int) -> None: ...
 
-    def end(self, name: str, prompt_tokens: int = 0) -> None: ...
+    def failed(self, target: Target, error: BackendError) -> None: ...
+
+    def end(self, target: Target, prompt_tokens: int = 0) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    first_token_s: float
+    """A streaming engine's first content must arrive within this."""
+    answer_s: float
+    """A whole answer (collected before sending, or from an engine that answers at once) within this."""
 
 
 @dataclass
 class Committed:
-    backend: str
+    target: Target
     first: list[Chunk]
     rest: AsyncIterator[Chunk]
     failures: list[tuple[str, BackendError]] = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        return self.target.name
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         for chunk in self.first:
@@ -48,139 +81,156 @@ class Committed:
         await _close(self.rest)
 
 
-async def _first_content(stream: AsyncIterator[Chunk], timeout: float, name: str) -> list[Chunk]:
-    """Chunks up to and including the first with text or a finish reason, within ``timeout`` seconds."""
+async def _empty() -> AsyncIterator[Chunk]:
+    return
+    yield  # an async generator with nothing left
+
+
+async def _head(stream: AsyncIterator[Chunk]) -> list[Chunk]:
+    """Chunks up to and including the first with text or a finish reason."""
     head: list[Chunk] = []
-    try:
-        async with asyncio.timeout(timeout):  # one deadline for the first token; no task, unlike wait_for
-            while True:
-                chunk = await anext(stream)
-                head.append(chunk)
-                if chunk.text or chunk.finish_reason is not None:
-                    return head
-    except StopAsyncIteration:
-        raise BackendError(ErrorKind.PROTOCOL, f"backend {name} ended its stream without an answer") from None
-    except TimeoutError:
-        raise BackendError(ErrorKind.TIMEOUT, f"backend {name} sent no first token within {timeout:g}s") from None
+    async for chunk in stream:
+        head.append(chunk)
+        if chunk.text or chunk.finish_reason is not None:
+            return head
+    raise BackendError(ErrorKind.PROTOCOL, "the engine ended its stream without an answer")
 
 
 async def _attempt(
-    backend: Backend, request: GenerationRequest, timeout: float, tracker: Tracker, tokens: int
+    target: Target,
+    request: GenerationRequest,
+    deadlines: Deadlines,
+    tracker: Tracker,
+    tokens: int,
+    whole: bool,
+    answering: set[str] | None = None,
 ) -> Committed:
-    """One backend up to its first content; any failure is a BackendError and closes its stream.
-    ``tokens``: the prompt's size, for the tracker's prefill backlog."""
-    name = backend.name
-    tracker.sending(name, tokens)
+    """One backend up to its commit point; any failure is reported, closes its stream and raises a
+    ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
+    backend = target.backend
+    at_once = getattr(backend, "answers_whole", False)
+    loop = asyncio.get_running_loop()
+    answer_at = loop.time() + deadlines.answer_s
+    phase = "answer" if at_once else "first token"
+    head: list[Chunk] = []
+    tracker.sending(target, tokens)
     stream = backend.generate(request)
     try:
-        head = await _first_content(stream, timeout, name)
-    except BackendError:
+        first_at = answer_at if at_once else min(answer_at, loop.time() + deadlines.first_token_s)
+        async with asyncio.timeout_at(first_at) as deadline:
+            head = await _head(stream)
+            tracker.first_token(target, tokens)
+            if answering is not None:
+                answering.add(target.name)  # a hedge waits no longer for a first token here
+            if whole or at_once:  # the commit point is the end: read it all (usage may follow the finish)
+                phase = "answer"
+                deadline.reschedule(answer_at)
+                head += [chunk async for chunk in stream]
+    except BaseException as exc:
         await _close(stream)
-        tracker.end(name, tokens)
-        raise
-    except Exception as exc:  # an adapter bug: reported as an upstream failure, the next backend may answer
-        await _close(stream)
-        tracker.end(name, tokens)
-        log.exception("backend %s failed unexpectedly", name, extra={"request_id": request.request_id})
-        raise BackendError(ErrorKind.UPSTREAM, f"backend {name} failed: {exc}") from exc
-    except BaseException:
-        await _close(stream)
-        tracker.end(name, tokens)
-        raise
-    tracker.first_token(name, tokens)
-    return Committed(name, head, stream)
+        backlog = 0 if head else tokens  # the prompt's backlog is gone once its first token came
+        error = _as_backend_error(exc, target.name, phase, deadlines)
+        if error is None:  # cancelled: the client left, or a hedge lost
+            tracker.end(target, backlog)
+            raise
+        tracker.failed(target, error)
+        tracker.end(target, backlog)
+        raise error from exc
+    return Committed(target, head, _empty() if whole or at_once else stream)
+
+
+def _as_backend_error(exc: BaseException, name: str, phase: str, deadlines: Deadlines) -> BackendError | None:
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        limit = deadlines.first_token_s if phase == "first token" else deadlines.answer_s
+        return BackendError(ErrorKind.TIMEOUT, f"backend {name} sent no {phase} within {limit:g}s")
+    if isinstance(exc, Exception):  # an adapter bug: the gateway's fault; the next backend may answer
+        log.error("backend %s failed unexpectedly", name, exc_info=exc)
+        return BackendError(ErrorKind.INTERNAL, f"the gateway failed while reading from backend {name}")
+    return None
 
 
 async def start(
-    decision: Decision,
-    backends: Mapping[str, Backend],
+    targets: Sequence[Target],
     request: GenerationRequest,
-    first_token_timeout: float,
+    deadlines: Deadlines,
     tracker: Tracker,
     prompt_tokens: int,
+    whole: bool = False,
     hedge_after: float | None = None,
 ) -> Committed:
-    """Commit to the first candidate that produces content; raise the last error if none does.
+    """Commit to the first target that answers; raise the last error if none does (its ``failures``
+    list every failed attempt).
 
-    Candidates are tried one after another; with ``hedge_after`` (seconds), a candidate whose first
-    token is that late gets company: the next candidate starts too, the first to answer wins and the
-    other is cancelled. ``BackendError.failures`` (on the raised error) lists every failed attempt.
+    ``whole``: the answer is sent whole, so the commit point is its end. Targets are tried one
+    after another; with ``hedge_after`` (seconds), a target whose first token is that late gets
+    company: the next target starts too, the first to answer wins and the other is cancelled.
     ``tracker`` hears of every attempt; the committed one's ``end`` is the caller's to report."""
-    queue = [backends[c.backend] for c in decision.candidates[: decision.max_attempts] if c.backend in backends]
+    queue = list(targets)
     failures: list[tuple[str, BackendError]] = []
     if hedge_after is None or len(queue) < 2:
-        return await _one_by_one(queue, request, first_token_timeout, failures, tracker, prompt_tokens)
-    running: dict[asyncio.Task[Committed], str] = {}
+        for target in queue:
+            try:
+                committed = await _attempt(target, request, deadlines, tracker, prompt_tokens, whole)
+            except BackendError as exc:
+                _note(failures, target.name, exc)
+                continue
+            committed.failures = failures
+            return committed
+        raise _exhausted(failures)
+    running: dict[asyncio.Task[Committed], Target] = {}
+    answering: set[str] = set()
 
     def launch() -> None:
-        backend = queue.pop(0)
-        attempt = _attempt(backend, request, first_token_timeout, tracker, prompt_tokens)
-        running[asyncio.ensure_future(attempt)] = backend.name
+        target = queue.pop(0)
+        attempt = _attempt(target, request, deadlines, tracker, prompt_tokens, whole, answering)
+        running[asyncio.ensure_future(attempt)] = target
 
     try:
         while queue or running:
             if not running:
                 launch()
-            hedge = hedge_after if queue else None
+            hedge = hedge_after if queue and not answering else None
             done, _ = await asyncio.wait(running, timeout=hedge, return_when=asyncio.FIRST_COMPLETED)
-            if not done:  # the first token is late against the budget: hedge with the next candidate
-                launch()
+            if not done:  # the first token is late against the budget: hedge with the next target
+                if not answering:
+                    launch()
                 continue
             for task in done:
-                name = running.pop(task)
-                exc = task.exception()
-                if exc is None:
+                target = running.pop(task)
+                err = task.exception()
+                if err is None:
                     committed = task.result()
                     committed.failures = failures
                     return committed
-                if not isinstance(exc, BackendError):
-                    raise exc
-                _note(failures, name, exc, request.request_id)
+                if not isinstance(err, BackendError):
+                    raise err
+                _note(failures, target.name, err)
     finally:
         for task in running:  # losers of a hedge, or everything when the client went away
             task.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
-            for task in running:
+            for task, target in running.items():
                 if not task.cancelled() and task.exception() is None:  # answered too, but lost the race
                     await task.result().aclose()
-                    tracker.end(running[task])
+                    tracker.end(target)
     raise _exhausted(failures)
 
 
 def _exhausted(failures: list[tuple[str, BackendError]]) -> BackendError:
-    """The error to raise when no candidate answered: the last one's, carrying every failure."""
+    """The error to raise when no target answered: the last one's, carrying every failure."""
     last = failures[-1][1] if failures else BackendError(ErrorKind.CONNECT, "no backend could be tried")
     last.failures = failures
     return last
 
 
-def _note(failures: list[tuple[str, BackendError]], name: str, exc: BackendError, request_id: str) -> None:
+def _note(failures: list[tuple[str, BackendError]], name: str, exc: BackendError) -> None:
     failures.append((name, exc))
-    log.warning("attempt failed", extra={"request_id": request_id, "backend": name, "kind": exc.kind.value})
     if not exc.retryable:
         exc.failures = failures
         raise exc
-
-
-async def _one_by_one(
-    queue: list[Backend],
-    request: GenerationRequest,
-    timeout: float,
-    failures: list[tuple[str, BackendError]],
-    tracker: Tracker,
-    tokens: int,
-) -> Committed:
-    """Without hedging: each candidate in turn, in this task (no task per attempt on the hot path)."""
-    for backend in queue:
-        try:
-            committed = await _attempt(backend, request, timeout, tracker, tokens)
-        except BackendError as exc:
-            _note(failures, backend.name, exc, request.request_id)
-            continue
-        committed.failures = failures
-        return committed
-    raise _exhausted(failures)
 
 
 async def _close(stream: AsyncIterator[Chunk]) -> None:

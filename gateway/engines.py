@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable
 
 from backends.base import Backend
 from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
-from backends.gguf_file import read_gguf
 from backends.http_base import HttpSettings
+from backends.http_client import tls_context
 from backends.llama_server import LlamaServerBackend
 from backends.tgi import TgiBackend, TgiMessagesBackend
 from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
@@ -42,7 +43,7 @@ def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:
     model = loaded.model(cfg.model)
     template = model.chat_template
     if template is None and model.gguf is not None:
-        template = read_gguf(loaded.resolve(model.gguf), with_tensors=False).vocab.chat_template
+        template = loaded.ggufs.header(loaded.resolve(model.gguf)).vocab.chat_template
     api_key = None
     if cfg.api_key_env:
         api_key = os.environ.get(cfg.api_key_env)
@@ -53,17 +54,39 @@ def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:
         served_model=cfg.served_model or cfg.model,
         api_key=api_key,
         connect_timeout_s=cfg.connect_timeout_s,
+        response_timeout_s=cfg.response_timeout_s,
         read_timeout_s=cfg.read_timeout_s,
+        idle_timeout_s=cfg.idle_timeout_s,
+        ssl_context=_ssl_context(cfg, loaded),
         max_connections=cfg.max_concurrency,
         chat_template=template,
         default_max_tokens=cfg.default_max_tokens,
     )
 
 
+def _ssl_context(cfg: HttpEngineConfig, loaded: LoadedConfig) -> ssl.SSLContext | None:
+    """Built once here, where a bad file is a config error, rather than on a request."""
+    if not cfg.url.startswith("https://"):
+        return None
+    tls = cfg.tls
+    if tls is None:
+        return tls_context()
+
+    def path(name: str | None) -> str | None:
+        return None if name is None else str(loaded.resolve(name))
+
+    try:
+        return tls_context(path(tls.ca_file), tls.verify, path(tls.cert_file), path(tls.key_file))
+    except OSError as exc:  # missing files and ssl.SSLError (bad PEM, key not matching)
+        raise ConfigError([f"{loaded.path}: backend {cfg.name}: tls: {exc}"]) from exc
+
+
 def _http_backend(cfg: HttpEngineConfig, loaded: LoadedConfig) -> Backend:
     settings = _http_settings(cfg, loaded)
     if isinstance(cfg, TritonTrtllmConfig):
-        return TritonTrtllmBackend(cfg.name, cfg.model, settings, triton_model=cfg.triton_model)
+        return TritonTrtllmBackend(
+            cfg.name, cfg.model, settings, triton_model=cfg.triton_model, text_output=cfg.text_output
+        )
     if isinstance(cfg, MiiRestConfig):
         return MiiRestBackend(cfg.name, cfg.model, settings, deployment=cfg.deployment)
     return _PLAIN_HTTP[cfg.engine](cfg.name, cfg.model, settings)
@@ -87,6 +110,7 @@ def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
             threads=cfg.threads,
             max_concurrency=cfg.max_concurrency,
             max_queue=cfg.max_queue,
+            ggufs=loaded.ggufs,
         )
     if isinstance(cfg, LlamaCppConfig):
         try:
@@ -99,6 +123,7 @@ def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
                 ]
             ) from exc
         return LlamaCppBackend(
-            cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue
-        )
+            cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue,
+            ggufs=loaded.ggufs,
+        )  # fmt: skip
     raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from backends.base import BackendError, ErrorKind
+from backends.http_errors import client_text
 
 
 class ApiError(Exception):
@@ -67,9 +68,13 @@ _KIND = {
     ErrorKind.CONNECT: (502, "api_error", "upstream_unreachable"),
     ErrorKind.UPSTREAM: (502, "api_error", "upstream_error"),
     ErrorKind.PROTOCOL: (502, "api_error", "upstream_protocol_error"),
+    ErrorKind.INTERNAL: (500, "api_error", "internal_error"),
 }
 
 
 def from_backend(exc: BackendError) -> ApiError:
+    """The client's view of an engine failure: no engine hosts, URLs, paths or tracebacks (those stay in
+    ``exc.detail``, for the logs)."""
     status, type_, code = _KIND[exc.kind]
-    return ApiError(status, exc.message, type=type_, param=exc.param, code=code, retry_after=exc.retry_after)
+    message = client_text(exc.message)
+    return ApiError(status, message, type=type_, param=exc.param, code=code, retry_after=exc.retry_after)

@@ -43,6 +43,16 @@ class Entry:
     in_flight_at_poll: int = 0
     prefill_backlog: int = 0
     """Prompt tokens of those requests that have no first token yet."""
+    engine_slots: int | None = None
+    """How many requests the engine runs at once, learned from its gauges: its running count when
+    it reported requests waiting (an engine started with a lower cap than the config says)."""
+
+    def __post_init__(self) -> None:
+        self.breaker.name = self.config.name
+
+    @property
+    def name(self) -> str:
+        return self.config.name
 
 
 def reconcile(
@@ -53,7 +63,7 @@ def reconcile(
 ) -> tuple[dict[str, Entry], dict[str, ModelSpec], list[Entry]]:
     """(entries of the new config, its model specs, entries to retire); nothing changes on error,
     and backends built before the error are handed to ``abandon``."""
-    models = model_specs(loaded)
+    models = model_specs(loaded, loaded.ggufs)
     entries: dict[str, Entry] = {}
     built: list[Entry] = []
     try:
@@ -63,7 +73,9 @@ def reconcile(
             if old is not None and old.config == cfg and old.profile == prof:
                 entries[cfg.name] = old
                 continue
-            entry = Entry(cfg, factory(cfg, loaded), prof)
+            b = loaded.config.routing.breaker
+            breaker = CircuitBreaker(cfg.name, b.threshold, b.cooldown_s, b.max_cooldown_s)
+            entry = Entry(cfg, factory(cfg, loaded), prof, breaker=breaker)
             built.append(entry)
             entries[cfg.name] = entry
     except Exception as exc:
@@ -84,6 +96,8 @@ class Fleet:
         self._stale = stale_s
         self._task: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        self._drained: dict[int, asyncio.Event] = {}
+        """Retired entries still answering requests (by ``id``): set when their last one ends."""
         self.after_poll: Callable[[], None] = lambda: None
         """Called after every poll (metrics refresh their backend gauges from it)."""
 
@@ -100,9 +114,16 @@ class Fleet:
             task.add_done_callback(self._retiring.discard)
 
     async def _retire(self, entry: Entry, patience_s: float = 600.0) -> None:
-        deadline = time.monotonic() + patience_s
-        while entry.in_flight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polls a plain counter
-            await asyncio.sleep(0.1)
+        """Close a replaced backend (its connection pool) once its last request has ended."""
+        if entry.in_flight > 0:
+            drained = self._drained.setdefault(id(entry), asyncio.Event())
+            try:
+                async with asyncio.timeout(patience_s):
+                    await drained.wait()
+            except TimeoutError:
+                log.warning("closing retired backend %s with %d requests in flight", entry.name, entry.in_flight)
+            finally:
+                self._drained.pop(id(entry), None)
         await entry.backend.aclose()
 
     def snapshot(self) -> FleetSnapshot:
@@ -112,9 +133,12 @@ class Fleet:
             fresh = e.load is not None and now - e.load_at <= self._stale
             breaker, share = e.breaker.current()
             polled = e.load if fresh else None
+            cap = (
+                e.profile.max_concurrency if e.engine_slots is None else min(e.engine_slots, e.profile.max_concurrency)
+            )
             running, waiting = current_load(
                 polled.running if polled else None, polled.waiting if polled else None,
-                e.in_flight_at_poll, e.in_flight, e.profile.max_concurrency,
+                e.in_flight_at_poll, e.in_flight, cap,
             )  # fmt: skip
             states.append(
                 BackendState(
@@ -128,6 +152,7 @@ class Fleet:
                     breaker=breaker,
                     recovery=share,
                     observed=e.observed,
+                    engine_slots=e.engine_slots,
                 )
             )
         return FleetSnapshot(tuple(states), self.models)
@@ -136,44 +161,59 @@ class Fleet:
     def ready(self) -> bool:
         return any(e.health.ok for e in self.entries.values())
 
-    def sending(self, name: str, prompt_tokens: int) -> None:
-        """An attempt on ``name`` starts: it is in flight and its prompt waits to be prefilled."""
-        if (entry := self.entries.get(name)) is not None:
-            entry.in_flight += 1
-            entry.prefill_backlog += prompt_tokens
+    # Attempts are counted on the entry they were sent to, not by name: a reload may replace the
+    # entry of that name meanwhile, and the retired one must still see its requests end.
+    def sending(self, entry: Entry, prompt_tokens: int) -> None:
+        """An attempt on ``entry`` starts: it is in flight and its prompt waits to be prefilled."""
+        entry.in_flight += 1
+        entry.prefill_backlog += prompt_tokens
 
-    def first_token(self, name: str, prompt_tokens: int) -> None:
-        if (entry := self.entries.get(name)) is not None:
-            entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
+    def first_token(self, entry: Entry, prompt_tokens: int) -> None:
+        entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
 
-    def end(self, name: str, prompt_tokens: int = 0) -> None:
+    def end(self, entry: Entry, prompt_tokens: int = 0) -> None:
         """An attempt ended; ``prompt_tokens`` when it ended before its first token."""
-        if (entry := self.entries.get(name)) is not None:
-            entry.in_flight = max(0, entry.in_flight - 1)
-            entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
+        entry.in_flight = max(0, entry.in_flight - 1)
+        entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
+        if entry.in_flight == 0 and (drained := self._drained.pop(id(entry), None)) is not None:
+            drained.set()
 
-    def succeeded(self, name: str, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> None:
-        if (entry := self.entries.get(name)) is not None:
-            entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms)
-            entry.breaker.success()
+    def succeeded(self, entry: Entry, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> None:
+        entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms)
+        entry.breaker.success()
 
-    def failed(self, name: str) -> None:
-        if (entry := self.entries.get(name)) is not None:
-            entry.breaker.failure()
+    def failed(self, entry: Entry) -> None:
+        entry.breaker.failure()
+
+    def targets(self, names: Iterable[str]) -> list[Entry]:
+        """The current entries of these backend names, in order (names a reload removed are skipped)."""
+        entries = self.entries
+        return [e for n in names if (e := entries.get(n)) is not None]
+
+    async def poll_entry(self, entry: Entry) -> None:
+        """Read one backend's health and load now."""
+        was = entry.health.ok
+        try:
+            entry.health = await asyncio.wait_for(entry.backend.health(), self._interval)
+            load = await asyncio.wait_for(entry.backend.load(), self._interval)
+        except Exception as exc:  # a failed probe is an unhealthy backend, not a crash
+            entry.health = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
+            load = None
+        if entry.health.ok != was:
+            log.log(
+                logging.INFO if entry.health.ok else logging.WARNING,
+                "backend %s is %s", entry.name, "healthy" if entry.health.ok else "unhealthy",
+                extra={"backend": entry.name, "detail": entry.health.detail[:200]},
+            )  # fmt: skip
+        if load is not None:
+            entry.load, entry.load_at, entry.in_flight_at_poll = load, time.monotonic(), entry.in_flight
+            if (load.waiting > 0 and load.running > 0) or (
+                entry.engine_slots is not None and load.running > entry.engine_slots
+            ):
+                entry.engine_slots = load.running
 
     async def poll_once(self) -> None:
-        async def one(entry: Entry) -> None:
-            try:
-                entry.health = await asyncio.wait_for(entry.backend.health(), self._interval)
-                load = await asyncio.wait_for(entry.backend.load(), self._interval)
-            except Exception as exc:  # a failed probe is an unhealthy backend, not a crash
-                entry.health = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
-                log.warning("health probe failed", extra={"backend": entry.config.name, "error": str(exc)})
-                return
-            if load is not None:
-                entry.load, entry.load_at, entry.in_flight_at_poll = load, time.monotonic(), entry.in_flight
-
-        await asyncio.gather(*(one(e) for e in list(self.entries.values())))
+        await asyncio.gather(*(self.poll_entry(e) for e in list(self.entries.values())))
         self.after_poll()
 
     async def _poll_forever(self) -> None:

@@ -1,20 +1,402 @@
-"""uvicorn's httptools protocol, stamping when each request's first byte was parsed.
+"""uvicorn's httptools protocol with the gateway's connection limits.
 
-The gateway reports its own overhead (``x-enginegate-overhead-ms``, the overhead histogram) from
-that moment, so the HTTP server's own work on the request counts too, not only the app's.
+It stamps each request's first parsed byte (``x-enginegate-overhead-ms`` counts from there) and
+bounds what one connection can hold or stall: request head size, header count, URL length, time to
+send the head (slowloris), body rate (trickle), idle time, open connections, and how long a client
+may leave its output buffer full. It refuses non-JSON POSTs and unknown ``Host`` names before any
+ASGI task exists. Refusals are OpenAI error JSON. One timer per process (``Guard.sweep``) checks
+every connection's deadline, so a request costs a few attribute stores, not a timer of its own.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import random
+import resource
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from gateway.config import ServerConfig
+from gateway.errors import ApiError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from gateway.state import AppState
+
+log = logging.getLogger("enginegate.http")
 
 RECEIVED = "enginegate.received"
 """Scope key: ``time.perf_counter()`` when the request's first byte was parsed."""
 
+HEALTH_ROOM = 16
+"""Connections beyond ``max_connections`` that may still ask for /healthz or /readyz."""
+FD_SPARE = 256
+"""File descriptors kept for everything but client connections (engine pools, logs, model files)."""
+LINGER_S = 1.0
+"""After a refusal, input is read and dropped this long so the client can read the answer."""
+_HEALTH = frozenset((b"/healthz", b"/readyz"))
+_GUARD = "enginegate_guard"
 
-class StampedHttpToolsProtocol(HttpToolsProtocol):
+# Connection phases, checked by the sweep.
+_IDLE, _HEAD, _BODY, _BUSY, _LINGER = range(5)
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback after the refusal was written: stops the parser."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int
+    max_headers: int
+    max_url_bytes: int
+    header_timeout_s: float
+    body_timeout_s: float
+    body_min_rate: int
+    keep_alive_timeout_s: float
+    max_connections: int
+    max_output_buffer_bytes: int
+    write_timeout_s: float
+    hosts: frozenset[bytes] | None
+    """Host names allowed (lower case, IPv6 in brackets); None: any."""
+    host_suffixes: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, server: ServerConfig, bind_host: str) -> Limits:
+        hosts, suffixes = allowed_hosts(server.allowed_hosts, bind_host)
+        return cls(
+            server.max_header_bytes, server.max_headers, server.max_url_bytes, server.header_timeout_s,
+            server.body_timeout_s, server.body_min_rate_bytes_s, server.keep_alive_timeout_s,
+            connection_cap(server.max_connections), server.max_output_buffer_bytes, server.write_timeout_s,
+            hosts, suffixes,
+        )  # fmt: skip
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+
+
+def allowed_hosts(names: list[str] | None, bind_host: str) -> tuple[frozenset[bytes] | None, tuple[bytes, ...]]:
+    """The ``Host`` names to accept: exact names and ``*.domain`` suffixes (None: any host)."""
+    if names is None:
+        if not is_loopback(bind_host):
+            return None, ()
+        names = ["localhost", "127.0.0.1", "::1"]  # a page elsewhere cannot reach us by rebinding its name
+    if "*" in names:
+        return None, ()
+    exact, suffixes = set(), []
+    for name in (n.lower().strip() for n in names):
+        if name.startswith("*."):
+            suffixes.append(name[1:].encode())
+        else:
+            exact.add((f"[{name}]" if ":" in name and not name.startswith("[") else name).encode())
+    return frozenset(exact), tuple(suffixes)
+
+
+def host_name(value: bytes) -> bytes:
+    """A ``Host`` header without its port, lower case."""
+    value = value.strip().lower()
+    if value.startswith(b"["):
+        return value[: value.find(b"]") + 1]
+    name, colon, _ = value.rpartition(b":")
+    return name if colon else value
+
+
+def connection_cap(wanted: int) -> int:
+    """``wanted``, or fewer when the open-file limit cannot hold that many connections."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or wanted + HEALTH_ROOM + FD_SPARE <= soft:
+        return wanted
+    cap = max(8, soft - HEALTH_ROOM - FD_SPARE)
+    log.warning("open-file limit %d holds only %d client connections (max_connections: %d)", soft, cap, wanted)
+    return cap
+
+
+def raise_fd_limit(max_connections: int) -> None:
+    """Raise the soft open-file limit toward the hard one so ``max_connections`` fit (workers inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + HEALTH_ROOM + FD_SPARE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _refusal(status: int, message: str, code: str, type: str = "invalid_request_error") -> ApiError:  # noqa: A002
+    return ApiError(status, message, type=type, code=code)
+
+
+def busy() -> ApiError:
+    return ApiError(
+        503, "The gateway has too many open connections; retry shortly.", type="api_error",
+        code="too_many_connections", retry_after=1.0,
+    )  # fmt: skip
+
+
+def response(err: ApiError) -> bytes:
+    """``err`` as a whole HTTP/1.1 response that closes the connection."""
+    body = err.json()
+    extra = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in err.headers().items())
+    rid = f"{random.getrandbits(128):032x}".encode()
+    return b"".join(
+        (
+            STATUS_LINE[err.status], b"content-type: application/json\r\ncontent-length: ", str(len(body)).encode(),
+            b"\r\nconnection: close\r\nx-request-id: ", rid, b"\r\n", extra, b"\r\n", body,
+        )
+    )  # fmt: skip
+
+
+def _json_post(ctype: bytes | None, headers: list[tuple[bytes, bytes]]) -> bool:
+    """A POST is JSON (``application/json`` with any parameters) or has no body at all."""
+    if ctype is not None:
+        return ctype.partition(b";")[0].strip().lower() == b"application/json"
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
+            return False
+    return True
+
+
+def _app_state(app: Any) -> AppState | None:
+    """The gateway's state behind uvicorn's middleware wrappers (None for another app)."""
+    for _ in range(8):
+        state = getattr(app, "state", None)
+        if state is not None and hasattr(state, "draining"):
+            return state  # type: ignore[no-any-return]
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+class Guard:
+    """The limits and the one deadline sweep shared by every connection of a server."""
+
+    def __init__(self, limits: Limits, state: AppState | None, server_state: ServerState, loop: Any) -> None:
+        self.limits = limits
+        self.state = state
+        self.connections = server_state.connections
+        self.loop: asyncio.AbstractEventLoop = loop
+        self._verdicts: dict[bytes, bool] = {}
+        shortest = min(limits.header_timeout_s, limits.body_timeout_s, limits.keep_alive_timeout_s)
+        self.tick_s = max(0.05, min(1.0, shortest / 4, limits.write_timeout_s / 4))
+        self.loop.call_later(self.tick_s, self.sweep)
+
+    @classmethod
+    def of(cls, config: Config, server_state: ServerState, loop: Any) -> Guard:
+        guard: Guard | None = getattr(server_state, _GUARD, None)
+        if guard is None:
+            state = _app_state(config.loaded_app)
+            server = state.config.server if state is not None else ServerConfig()
+            guard = cls(Limits.of(server, config.host), state, server_state, loop)
+            setattr(server_state, _GUARD, guard)
+        return guard
+
+    @property
+    def draining(self) -> bool:
+        return self.state is not None and self.state.draining
+
+    def host_allowed(self, value: bytes) -> bool:
+        ok = self._verdicts.get(value)
+        if ok is None:
+            name = host_name(value)
+            hosts = self.limits.hosts
+            ok = hosts is None or name in hosts or any(name.endswith(s) for s in self.limits.host_suffixes)
+            if len(self._verdicts) < 256:  # any number of names may be tried: remember only some
+                self._verdicts[value] = ok
+        return ok
+
+    def sweep(self) -> None:
+        now = time.perf_counter()
+        for conn in list(self.connections):
+            if isinstance(conn, GatewayHttpProtocol):
+                conn.expire(now)
+        self.loop.call_later(self.tick_s, self.sweep)
+
+    def evict_idle(self, now: float) -> bool:
+        """Close the longest idle connection among a sample, to make room for a new one (a client
+        that connects to send a request sends it at once: the one idle longest is the least likely to)."""
+        best: GatewayHttpProtocol | None = None
+        since = now
+        for conn in itertools.islice(self.connections, 64):
+            if isinstance(conn, GatewayHttpProtocol) and conn.phase == _IDLE and conn.since < since:
+                best, since = conn, conn.since
+        if best is None:
+            return False
+        best.phase = _LINGER
+        best.transport.close()
+        return True
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any], _loop: Any = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.guard = Guard.of(config, server_state, self.loop)
+        self.limits = self.guard.limits
+        self.phase = _IDLE
+        self.since = time.perf_counter()
+        self._head_bytes = 0
+        self._body_bytes = 0
+        self._paused_at = 0.0
+        self._overflow = False
+        """Beyond ``max_connections``: only the health routes are answered."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.limits
+        transport.set_write_buffer_limits(high=limits.max_output_buffer_bytes)
+        open_now = len(self.connections)
+        if open_now > limits.max_connections and not self.guard.evict_idle(self.since):
+            if open_now > limits.max_connections + HEALTH_ROOM:
+                transport.write(response(busy()))  # before reading anything: holding it costs a descriptor
+                transport.close()
+                self.phase = _LINGER
+            else:
+                self._overflow = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.phase = _LINGER
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.phase == _LINGER:
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            return
+        except httptools.HttpParserError as exc:
+            if self.phase != _LINGER:  # not a refusal already written by a callback
+                self.refuse(_refusal(400, f"Invalid HTTP request: {exc}", "invalid_http_request"))
+            return
+        if self.phase == _HEAD:  # the head is still arriving: bound what the parser holds for it
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes:
+                self.refuse(self._head_too_large())
+
+    def _head_too_large(self) -> ApiError:
+        return _refusal(
+            431, f"Request line and headers exceed {self.limits.max_header_bytes} bytes.", "request_header_too_large"
+        )
+
+    def refuse(self, err: ApiError) -> None:
+        """Answer ``err`` and close, unless a response is already under way (then just close)."""
+        cycle = self.cycle
+        transport = self.transport
+        answering = cycle is not None and cycle.response_started and not cycle.response_complete
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app's receive() now says the client is gone
+            cycle.message_event.set()
+        self.phase = _LINGER
+        self.since = time.perf_counter()
+        if answering or transport.is_closing():
+            transport.close()
+            return
+        transport.write(response(err))
+        if transport.can_write_eof():
+            transport.write_eof()  # input is still read (and dropped) for LINGER_S, then closed
+        else:
+            transport.close()
+
+    # Parser callbacks
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope[RECEIVED] = time.perf_counter()  # type: ignore[literal-required]
+        now = time.perf_counter()
+        self.scope[RECEIVED] = now  # type: ignore[literal-required]
+        self.phase = _HEAD
+        self.since = now
+        self._head_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        err = self._check()
+        if err is not None:
+            self.refuse(err)
+            raise _Refused
+        self.phase = _BODY
+        self.since = time.perf_counter()
+        self._body_bytes = 0
+        super().on_headers_complete()
+        if (self._overflow or self.guard.draining) and self.cycle is not None:
+            self.cycle.keep_alive = False  # draining: clients reconnect, elsewhere once /readyz has told
+
+    def _check(self) -> ApiError | None:
+        """The cheap checks of a complete head; None when it may go on."""
+        headers = self.headers
+        limits = self.limits
+        if len(headers) > limits.max_headers:
+            return _refusal(431, f"More than {limits.max_headers} request headers.", "too_many_headers")
+        if len(self.url) > limits.max_url_bytes:
+            return _refusal(414, f"URL longer than {limits.max_url_bytes} bytes.", "url_too_long")
+        host = ctype = None
+        for name, value in headers:
+            if name == b"host":
+                host = value
+            elif name == b"content-type":
+                ctype = value
+        if host is not None and limits.hosts is not None and not self.guard.host_allowed(host):
+            return _refusal(400, "This Host is not served here (server.allowed_hosts).", "invalid_host")
+        if self._overflow and self.url.partition(b"?")[0] not in _HEALTH:
+            return busy()
+        if ctype != b"application/json" and self.parser.get_method() == b"POST" and not _json_post(ctype, headers):
+            return _refusal(415, "Request bodies must be JSON (Content-Type: application/json).", "unsupported_media")
+        return None
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete:  # answered before the body was all in
+            self.phase = _IDLE
+            self.since = time.perf_counter()
+        else:
+            self.phase = _BUSY
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.phase == _BUSY and (self.cycle is None or self.cycle.response_complete):
+            self.phase = _IDLE
+            self.since = time.perf_counter()
+
+    def pause_writing(self) -> None:
+        self._paused_at = time.perf_counter()
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._paused_at = 0.0
+        super().resume_writing()
+
+    def expire(self, now: float) -> None:
+        """Called by the sweep: act on whichever deadline of this connection has passed."""
+        limits = self.limits
+        phase = self.phase
+        if self._paused_at and now - self._paused_at > limits.write_timeout_s:
+            # The client has accepted nothing for a whole timeout with its buffer full: treat it as
+            # gone, so its request is cancelled and the engine stops working for it.
+            log.info("closing a connection that stopped reading", extra={"client": self.client})
+            self._paused_at = 0.0
+            self.phase = _LINGER
+            self.transport.abort()
+        elif phase == _IDLE:
+            if now - self.since > limits.keep_alive_timeout_s:
+                self.phase = _LINGER
+                self.transport.close()
+        elif phase == _HEAD:
+            if now - self.since > limits.header_timeout_s:
+                self.refuse(_refusal(408, "The request headers took too long to arrive.", "request_timeout"))
+        elif phase == _BODY:
+            if now - self.since > limits.body_timeout_s + self._body_bytes / limits.body_min_rate:
+                self.refuse(_refusal(408, "The request body arrived too slowly.", "request_timeout"))
+        elif phase == _LINGER and now - self.since > LINGER_S:
+            self.transport.close()

@@ -128,8 +128,10 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self._models = frozenset(models)
         self._requests = _Children(Counter(
-            "enginegate_requests", "Generation requests by route, model, backend and outcome.",
-            ["route", "model", "backend", "outcome"], registry=r,
+            "enginegate_requests",
+            "Requests by route, model, backend, outcome (ok, error, cancelled) and status class (2xx, 4xx, 5xx;"
+            " none when the client left before any answer).",
+            ["route", "model", "backend", "outcome", "code"], registry=r,
         ))  # fmt: skip
         self._duration = _Children(Histogram(
             "enginegate_request_duration_seconds", "End-to-end time of generation requests.",
@@ -207,11 +209,15 @@ class Metrics:
     def started(self, route: str) -> None:
         self._in_flight(route).inc()
 
-    def request(self, chat: bool, model: str, backend: str, outcome: str) -> None:
-        """A request ended; ``outcome`` is ok, error or cancelled."""
+    def request(self, chat: bool, model: str, backend: str, outcome: str, code: str) -> None:
+        """A generation request ended; ``outcome`` is ok, error or cancelled, ``code`` its status class."""
         route = "chat" if chat else "completions"
         self._in_flight(route).dec()
-        self._requests(route, self.model(model), backend, outcome).inc()
+        self._requests(route, self.model(model), backend, outcome, code).inc()
+
+    def other_request(self, route: str, status: int) -> None:
+        """A response of any other route (model listing, admin, unknown routes)."""
+        self._requests(route, "none", "none", "ok" if status < 400 else "error", f"{status // 100}xx").inc()
 
     def answered(
         self,

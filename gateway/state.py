@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.gguf_file import GgufError
 from gateway.catalog import PromptCounter, prompt_counters
 from gateway.catalog import rules as build_rules
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
@@ -41,7 +42,7 @@ class Runtime:
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:
         names = frozenset(m.name for m in loaded.config.models)
-        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded))
+        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs))
 
 
 class AppState:
@@ -59,6 +60,8 @@ class AppState:
         )
         self.fleet.after_poll = self.metrics.fleet.refresh
         self.started = int(time.time())
+        self.draining = False
+        """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""
         self._reloading = asyncio.Lock()
 
     @property
@@ -71,16 +74,27 @@ class AppState:
             source = path or self.runtime.loaded.path
             abandoned: list[Entry] = []
             try:
-                loaded = load_config(source)
-                entries, models, retired = reconcile(loaded, self.factory, self.fleet.entries, abandoned.append)
-            except ConfigError as exc:
+                # Reading YAML and GGUF files, building backends (in-process engines load their models)
+                # and the prompt counters' tokenizers are slow: off the event loop, which keeps serving.
+                loaded = await asyncio.to_thread(load_config, source, self.runtime.loaded.ggufs)
+                runtime = await asyncio.to_thread(Runtime.of, loaded)
+                current = dict(self.fleet.entries)
+                entries, models, retired = await asyncio.to_thread(
+                    reconcile, loaded, self.factory, current, abandoned.append
+                )
+            except (ConfigError, GgufError) as exc:
                 for entry in abandoned:
                     await entry.backend.aclose()
+                problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
                 self.metrics.reload("error")
-                log.error("config reload rejected, keeping the running config: %s", "; ".join(exc.problems))
-                return exc.problems
-            kept = sum(1 for name, e in entries.items() if self.fleet.entries.get(name) is e)
-            self.runtime = Runtime.of(loaded)
+                log.error("config reload rejected, keeping the running config: %s", "; ".join(problems))
+                return problems
+            kept = sum(1 for name, e in entries.items() if current.get(name) is e)
+            started = [e for name, e in entries.items() if current.get(name) is not e]
+            # New backends get their first health reading before they take traffic: swapped in
+            # unpolled, they would count as unhealthy and a lone backend's requests would get 503s.
+            await asyncio.gather(*(self.fleet.poll_entry(e) for e in started))
+            self.runtime = runtime
             self.fleet.replace(entries, models, retired)
             self.metrics.set_models(self.runtime.model_names)
             self.metrics.reload("ok")
@@ -88,6 +102,5 @@ class AppState:
                 "config reloaded from %s: %d backends kept, %d started, %d retired",
                 source, kept, len(entries) - kept, len(retired),
             )  # fmt: skip
-            if kept < len(entries):
-                await self.fleet.poll_once()  # new backends get their first health reading now
+            self.fleet.after_poll()
             return []

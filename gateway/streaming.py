@@ -125,3 +125,13 @@ class Exchange:
     async def end_stream(self) -> None:
         self._finished = True
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def abort(self, exc: ApiError) -> None:
+        """End the exchange with ``exc`` whatever point it reached: an error response before the
+        answer started, else an SSE error event and ``[DONE]`` (a graceful shutdown's last word).
+        The stream writer must be stopped first (its task cancelled and unwound): writes never interleave."""
+        if not self.started:
+            await self.error(exc)
+        elif not self._finished:
+            self._finished = True
+            await self._send({"type": "http.response.body", "body": event(exc.body()) + DONE, "more_body": False})

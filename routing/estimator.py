@@ -66,7 +66,8 @@ def slots(model: ModelSpec, state: BackendState, tokens_per_sequence: int) -> in
     p = state.profile
     kv_room = p.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
     by_memory = int(kv_room / (model.kv_bytes_per_token * max(1, tokens_per_sequence)))
-    return max(1, min(p.max_concurrency, by_memory))
+    cap = p.max_concurrency if state.engine_slots is None else min(p.max_concurrency, state.engine_slots)
+    return max(1, min(cap, by_memory))
 
 
 def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> str | None:

@@ -34,8 +34,16 @@ DEFAULT_MAX_TOKENS = 256
 HOPELESS_RATIO = 2.0
 """Predicted at more than this multiple of its budget on every backend, a request goes to the cheapest
 capacity rather than where it misses least."""
+RECOVERING = "recovering"
+"""Why a half-open backend passed over this request: it may still take it when nothing else can."""
 SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
+
+
+def priority_factor(priority: int) -> float:
+    """How much of the admission limit a request may wait: twice it for positive priorities, half for
+    negative ones, so low-priority requests are shed first as queues grow."""
+    return 2.0 if priority > 0 else (0.5 if priority < 0 else 1.0)
 
 
 def _in(value: float | None, bounds: tuple[float | None, float | None]) -> bool:
@@ -73,8 +81,8 @@ def _excluded(state: BackendState, rule: Rule | None, f: RequestFeatures, model:
         return "unhealthy"
     if state.breaker is Breaker.OPEN:
         return "circuit breaker open"
-    if state.breaker is Breaker.HALF_OPEN and _share(f.prefix_hash ^ f.prompt_tokens, state.name) >= state.recovery:
-        return f"recovering: takes {state.recovery:.0%} of traffic"
+    if state.breaker is Breaker.HALF_OPEN and f.gate >= state.recovery:
+        return f"{RECOVERING}: takes {state.recovery:.0%} of traffic"
     if rule is not None and rule.require and not _named(state, rule.require):
         return f"rule {rule.name} requires {', '.join(rule.require)}"
     return fit_problem(model, state, f.prompt_tokens, out)
@@ -132,18 +140,38 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     out = f.max_tokens or DEFAULT_MAX_TOKENS
     excluded: dict[str, str] = {}
     alive: list[BackendState] = []
+    probes: list[BackendState] = []
     for state in serving:
         problem = _excluded(state, rule, f, model, out)
         if problem is None:
             alive.append(state)
         else:
             excluded[state.name] = problem
+            if problem.startswith(RECOVERING) and _excluded(state, rule, replace(f, gate=0.0), model, out) is None:
+                probes.append(state)
+    if not alive and probes:
+        # Only recovering backends could serve: the request is their probe (refusing it would keep a
+        # lone backend dark for as long as its share is small).
+        alive = probes
+        for state in probes:
+            del excluded[state.name]
     if not alive:
-        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith("recovering") for r in excluded.values())
+        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith(RECOVERING) for r in excluded.values())
         reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
         return Decision(reason, excluded=excluded, rule=name, max_attempts=max_attempts)
 
     predictions = {s.name: predict(model, s, f.prompt_tokens, out) for s in alive}
+    limit = rules.max_queue_wait_ms * priority_factor(f.priority)
+    full = {s.name: predictions[s.name].queue_ms for s in alive if predictions[s.name].queue_ms > limit}
+    if full:
+        for backend, wait in full.items():
+            excluded[backend] = f"queue full: predicted wait {wait / 1000:.1f}s over {limit / 1000:.1f}s"
+        if len(full) == len(alive):
+            retry = max(1.0, (min(full.values()) - limit) / 1000)
+            return Decision(
+                Reason.OVERLOADED, excluded=excluded, rule=name, max_attempts=max_attempts, retry_after_s=retry
+            )
+        alive = [s for s in alive if s.name not in full]
     fastest = min(p.e2e_ms for p in predictions.values())
     # The price of the capacity a request takes: its time on the backend over the sequences it runs at once.
     cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / predictions[s.name].slots for s in alive}

@@ -24,6 +24,10 @@ class RequestFeatures:
     """Hash of the rendered prompt's first characters: requests sharing it reuse an engine's prefix cache."""
     headers: tuple[tuple[str, str], ...] = ()
     """Lower-cased request headers rules may match on (never logged)."""
+    gate: float = 0.0
+    """A number in [0, 1) drawn at random per request: a recovering (half-open) backend admits the
+    request when it falls below the backend's recovery share, so each request, not each prompt, is
+    a draw."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,9 @@ class BackendState:
     recovery: float = 1.0
     """Half-open breakers let this share of traffic through, growing as requests succeed."""
     observed: Observed = field(default_factory=Observed)
+    engine_slots: int | None = None
+    """Requests the engine runs at once as its own gauges showed (running while others waited), when
+    lower than the configured concurrency: queueing starts there."""
 
     @property
     def name(self) -> str:
@@ -148,6 +155,9 @@ class Rules:
     mode: Mode = Mode.BEST_EFFORT
     hedging: bool = False
     weights: Weights = field(default_factory=Weights)
+    max_queue_wait_ms: float = float("inf")
+    """Admission control: a backend predicted to queue a request longer than this (scaled by the
+    request's priority) does not take it; when none can, the request is shed with Retry-After."""
 
 
 class Reason(enum.Enum):
@@ -163,6 +173,8 @@ class Reason(enum.Enum):
     NO_HEALTHY_BACKEND = "no_healthy_backend"
     NOTHING_FITS = "nothing_fits"
     """Backends serve the model but none holds it with this context (memory or context length)."""
+    OVERLOADED = "overloaded"
+    """Every backend that could serve would queue the request past the admission limit: shed (503)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,3 +137,20 @@ def llama_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with llama_server(tmp_path_factory.mktemp("llama-server")) as url:
         yield url
+
+
+# What needs the engines `make engines` builds or installs (vLLM, llama-server, llama-cpp-python,
+# Prometheus): marked `engines`, so `make unit` runs everything else without any engine build.
+_ENGINE_FIXTURES = {"vllm_url", "llama_server_url", "gateway", "llama"}
+_REAL_SUBJECTS = {"llama_cpp", "vllm", "llama_server"}
+_ENGINE_MODULES = {"test_same_answer.py", "test_prometheus.py", "test_observability.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        real = any(isinstance(p, str) and p in _REAL_SUBJECTS for p in params)
+        if names & _ENGINE_FIXTURES or real or item.path.name in _ENGINE_MODULES:
+            item.add_marker(pytest.mark.engines)

@@ -33,6 +33,8 @@ class ScriptedBackend:
     first_delay: float = 0.0
     calls: int = 0
     closed_streams: int = 0
+    finished: int = 0
+    """Generations that ran to their end (a cancelled one closes its stream without finishing)."""
     closed: bool = False
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
@@ -44,6 +46,7 @@ class ScriptedBackend:
                     raise self.fail_with
                 await asyncio.sleep(0)
                 yield Chunk(text=word)
+            self.finished += 1
             yield Chunk(finish_reason="stop", usage=Usage(3, len(self.words)))
         finally:
             self.closed_streams += 1

@@ -38,9 +38,10 @@ OpenAI server (``create_openai_app``; FastAPI in MII):
   response starts, a dropped connection (no ``[DONE]``, incomplete chunked body) after it.
 FakeControl faults: REST ``internal``: 500 ``{"message": "Internal Server Error"}``. OpenAI
   ``internal``: a generation error (500 text, or a stream cut after the role chunk); ``midstream``:
-  the stream is cut after three token chunks (non-stream: 500). ``delay_s``: sleep before each
-  generation. ``healthy=False`` and, for REST, ``loading=True``: MII's health routes do not probe the
-  model server, so they still answer ok while every generation fails as above (model server down or
+  the stream is cut after three token chunks (non-stream: 500); and the generic faults of control.py.
+  ``delay_s``: sleep before each generation; then each waits for one of ``control.max_running`` slots.
+  ``healthy=False`` and, for REST, ``loading=True``: MII's health routes do not probe the model server,
+  so they still answer ok while every generation fails as above (model server down or
   still loading). ``loading`` is not modelled on the OpenAI server (it only listens once loaded).
 Guesses and simplifications: every engine stop id counts as the tokenizer's EOS; usage and lengths
   use ``engine.count_tokens`` (no BOS for the demo tokenizer); ``top_k`` and ``add_generation_prompt:
@@ -66,9 +67,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.contract.control import FakeControl
+from tests.contract.control import FakeControl, with_faults
 from tests.contract.tiny_engine import TinyEngine, Token
 
 _ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"  # shortuuid's
@@ -142,27 +143,31 @@ async def _pipeline(
     max_new = max_length - n_prompt if p.max_new_tokens is None else p.max_new_tokens
     budget = max(1, min(max_new, max_length - n_prompt + 1, engine.context_length - n_prompt))
     await asyncio.sleep(control.delay_s)
+    await control.admit()  # queued while the batch is full (max_running)
     texts: list[str] = []
     count, reason = 0, "length"
     sampled = engine.stream(
         prompt, budget, greedy=not p.do_sample, temperature=p.temperature or 1.0, top_p=p.top_p, ignore_eos=True
     )  # ignore_eos: MII's own stop rules follow
     tokens = cast(AsyncGenerator[Token, None], sampled)
-    async with aclosing(tokens):
-        async for tok in tokens:
-            count = tok.index
-            piece = vocab.id_to_token(tok.id) or ""
-            text = piece if tok.special else tok.text
-            hit = piece in p.stop if p.stop else tok.special
-            done = hit and not p.ignore_eos and n_prompt + count - 1 >= p.min_new_tokens
-            if p.stream:
-                yield _Reply(text, n_prompt, count, "none")
-            if done:
-                reason = "stop"
-                break
-            texts.append(text)
-            if count >= max_new or n_prompt + count - 1 >= max_length:
-                break
+    try:
+        async with aclosing(tokens):
+            async for tok in tokens:
+                count = tok.index
+                piece = vocab.id_to_token(tok.id) or ""
+                text = piece if tok.special else tok.text
+                hit = piece in p.stop if p.stop else tok.special
+                done = hit and not p.ignore_eos and n_prompt + count - 1 >= p.min_new_tokens
+                if p.stream:
+                    yield _Reply(text, n_prompt, count, "none")
+                if done:
+                    reason = "stop"
+                    break
+                texts.append(text)
+                if count >= max_new or n_prompt + count - 1 >= max_length:
+                    break
+    finally:
+        control.release()
     if p.return_full_text and not p.stream:
         texts.insert(0, vocab.decode(ids[1:], skip_special_tokens=False))
     yield _Reply("" if p.stream else "".join(texts), n_prompt, count, reason)
@@ -203,7 +208,7 @@ def _restful(message: str, code: int, headers: dict[str, str] | None = None) -> 
     return Response(json.dumps({"message": message}) + "\n", code, headers, media_type="application/json")
 
 
-def create_rest_app(engine: TinyEngine, control: FakeControl, *, deployment: str = "enginegate-demo") -> Starlette:
+def create_rest_app(engine: TinyEngine, control: FakeControl, *, deployment: str = "enginegate-demo") -> ASGIApp:
     async def resource(request: Request) -> Response:
         if request.method != "POST":
             return _restful(_NOT_ALLOWED, 405, {"Allow": "OPTIONS, POST"})
@@ -242,7 +247,7 @@ def create_rest_app(engine: TinyEngine, control: FakeControl, *, deployment: str
         exception_handlers={404: flask_error, 405: flask_error},
     )
     app.router.redirect_slashes = False  # Flask answers 404 for a trailing slash
-    return app
+    return with_faults(app, control)
 
 
 async def _rest_generate(engine: TinyEngine, control: FakeControl, data: Any) -> list[_Reply]:
@@ -369,7 +374,7 @@ async def _events(
     yield "data: [DONE]\n\n"
 
 
-def create_openai_app(engine: TinyEngine, control: FakeControl, *, model: str = "enginegate-demo") -> Starlette:
+def create_openai_app(engine: TinyEngine, control: FakeControl, *, model: str = "enginegate-demo") -> ASGIApp:
     async def generate(request: Request) -> Response:
         chat = request.url.path.endswith("/chat/completions")
         req: _ChatRequest | _CompletionRequest | Response
@@ -429,7 +434,7 @@ def create_openai_app(engine: TinyEngine, control: FakeControl, *, model: str = 
         assert isinstance(exc, HTTPException)
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/chat/completions", generate, methods=["POST"]),
             Route("/v1/completions", generate, methods=["POST"]),
@@ -438,3 +443,4 @@ def create_openai_app(engine: TinyEngine, control: FakeControl, *, model: str = 
         ],
         exception_handlers={404: fastapi_error, 405: fastapi_error},
     )
+    return with_faults(app, control)

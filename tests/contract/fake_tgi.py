@@ -26,7 +26,8 @@ only), ``FakeControl.loading`` (TGI's router does not listen before its model is
 ``overloaded`` 429 before validation (in a stream, the first and only event); ``overloaded_midstream``
 and ``generation``: 3 tokens, then that error event (429 / 424 when not streaming); ``incomplete``:
 the last token never comes (500 ``incomplete_generation`` / an ``incomplete_generation_stream``
-event); ``validation``: a 422 validation error.
+event); ``validation``: a 422 validation error; and the generic faults of control.py. ``delay_s`` and waiting
+for one of ``control.max_running`` slots are spent queued (``tgi_queue_size``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.contract.control import FakeControl
+from tests.contract.control import FakeControl, with_faults
 from tests.contract.tiny_engine import TinyEngine
 
 VERSION = "3.3.6-dev0"
@@ -315,14 +316,26 @@ class FakeTGI:
             raise invalid(self.too_long(self.max_total, 1))
         plan, queued, left = self.validate(req), time.monotonic(), self.control.delay_s
         self.queued += 1
+        admitted = False
         try:
-            while left > 15:
-                await asyncio.sleep(15)
-                left -= 15
-                yield None
-            await asyncio.sleep(left)
+            try:
+                while left > 15:
+                    await asyncio.sleep(15)
+                    left -= 15
+                    yield None
+                await asyncio.sleep(left)
+                await self.control.admit()  # queued while the batch is full (max_running)
+                admitted = True
+            finally:
+                self.queued -= 1
+            async for step in self._generate(plan, fault, (t0, queued)):
+                yield step
         finally:
-            self.queued -= 1
+            if admitted:
+                self.control.release()
+
+    async def _generate(self, plan: Plan, fault: str | None, times0: tuple[float, float]) -> AsyncGenerator[Step, None]:
+        t0, queued = times0
         times, text, window = (t0, queued, time.monotonic()), "", ""
         p = plan
         gen = self.engine.stream(p.prompt, p.budget, greedy=not p.sample, temperature=p.temperature, top_p=p.top_p)
@@ -595,11 +608,11 @@ def create_app(
     model_id: str = "enginegate-demo",
     max_input_tokens: int = 1024,
     max_total_tokens: int = 2048,
-) -> Starlette:
+) -> ASGIApp:
     tgi = FakeTGI(engine, control, model_id, max_input_tokens, max_total_tokens)
     posts = {"/": tgi.native, "/generate": tgi.native, "/generate_stream": tgi.native}
     posts |= {"/v1/chat/completions": tgi.chat, "/v1/completions": tgi.completions}
     gets = {"/": tgi.health, "/health": tgi.health, "/ping": tgi.health, "/info": tgi.info}
     gets |= {"/v1/models": tgi.models, "/metrics": tgi.metrics}
     routes = [Route(p, f, methods=["POST"]) for p, f in posts.items()]
-    return Starlette(routes=routes + [Route(p, f, methods=["GET"]) for p, f in gets.items()])
+    return with_faults(Starlette(routes=routes + [Route(p, f, methods=["GET"]) for p, f in gets.items()]), control)

@@ -12,8 +12,15 @@ Reproduced:
   string/number/bool). Missing text_input/max_tokens is core's "expected number of inputs between 2 and 29 ..."
   400. Unknown model: 404 "Request for unknown model: 'x' is not found". Errors are ``{"error": "..."}``.
 - Response ``{model_name, model_version:"1", sequence_end:false, sequence_id:0, sequence_start:false,
-  text_output}``, compact JSON in key order. Without exclude_input_in_output, text_output is the prompt followed
-  by the generated text (non-streaming); streamed responses carry only the new token's text.
+  text_output}``, compact JSON in key order (``cum_log_probs`` and one ``output_log_probs`` entry per decoded
+  token with ``return_log_probs``). Without exclude_input_in_output, text_output is the prompt followed by the
+  generated text (non-streaming); streamed responses carry only the new token.
+- Text is what the ensemble's postprocessing model makes of it: it decodes the tokens of each response by
+  themselves. A whole answer decodes exactly; a streamed response (one per token) is one token decoded alone,
+  which with a SentencePiece tokenizer drops the word-leading space (the reference's stream reads "Machine",
+  "learning") and shows half a multi-byte character as U+FFFD. ``tensorrt_llm_bls`` is served beside the
+  ensemble; with its ``accumulate_tokens`` parameter (create_app's, default true) each streamed response
+  decodes every token so far: the whole text yet. The request's "id" is recorded in ``control.started``.
 - /generate_stream sends one ``data: {...}\\n\\n`` per response and simply ends (no [DONE]). Per-token events need
   the ``stream: true`` input; without it the ensemble answers once, with the whole text, as a single event.
   ``stream: true`` on /generate makes several responses, which Triton answers with 200
@@ -35,10 +42,14 @@ Reproduced:
 
 FakeControl.fail_next names: "unavailable" (core's queue rejection, 503 "... Exceeds maximum queue size"),
 "internal" (500 "Executor failed process requestId N due to the following error: ..."), "midstream" (three
-tokens, then that executor error as a final event on a 200 stream; 500 from /generate). control.delay_s is spent
-pending before the first token. healthy False fails live and ready; loading True fails ready and model ready
-and answers generate with 404 "... has no available versions".
+tokens, then that executor error as a final event on a 200 stream; 500 from /generate), and the generic faults
+of control.py. control.delay_s is spent pending before the first token, and so is waiting for one of
+``control.max_running`` slots (reported as request_type "waiting"; "active" and "scheduled" are the running).
+healthy False fails live and ready; loading True fails ready and model ready and answers generate with 404
+"... has no available versions".
 
+Not modelled: a SentencePiece decoder also drops the leading space of the first token of every decode call, so
+a real whole answer asked with exclude_input_in_output starts without it (" ugly." reads "ugly.").
 Guessed: the exact texts of JSON parse errors, tensor type/shape errors and the executor's prompt-length error;
 no empty final event after the last token; temperature 0 treated as greedy; KV geometry (32-token blocks,
 room for 64 full sequences); no GPU metrics (the fake has no GPU).
@@ -60,12 +71,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
-from tests.contract.control import FakeControl
+from tests.contract.control import FakeControl, with_faults
 from tests.contract.fake_trtllm_serve import EventStream, unless_disconnected
 from tests.contract.tiny_engine import TinyEngine, Token
 
-MAX_ACTIVE, TOKENS_PER_BLOCK, COMPOSING = 64, 32, "tensorrt_llm"
+MAX_ACTIVE, TOKENS_PER_BLOCK, COMPOSING, BLS = 64, 32, "tensorrt_llm", "tensorrt_llm_bls"
 ONE_RESPONSE = (
     "generate expects model to produce exactly 1 response, use generate stream for model that generates various "
     "number of responses"
@@ -122,6 +134,7 @@ class _Job:
     top_p: float
     stops: list[str]
     end_id: int | None
+    log_probs: bool = False
     fault: str | None = None
 
 
@@ -149,8 +162,9 @@ def _num(value: float) -> str:
 
 
 class _Server:
-    def __init__(self, engine: TinyEngine, control: FakeControl, model_name: str) -> None:
+    def __init__(self, engine: TinyEngine, control: FakeControl, model_name: str, accumulate_tokens: bool) -> None:
         self.engine, self.control, self.name = engine, control, model_name
+        self.accumulate_tokens = accumulate_tokens
         self.executor_ids = self.pending = 0
         self.live: dict[int, _Live] = {}
         self.stats = dict.fromkeys(("success", "count", "request_us", "queue_us", "infer_us"), 0)
@@ -164,16 +178,18 @@ class _Server:
         self.failures["ensemble"]["OTHER"] += 1
         self.failures["composing"][reason] += 1
 
-    def _lookup(self, request: Request) -> None:
+    def _lookup(self, request: Request) -> str:
+        """The model asked for: the ensemble or the BLS model beside it."""
         model, version = request.path_params["model"], request.path_params.get("version", "")
         if not version.isdigit() and version:
             raise HTTPException(404)
-        if model != self.name:
+        if model not in (self.name, BLS):
             raise TritonError(404, f"Request for unknown model: '{model}' is not found")
         if version not in ("", "1"):
             raise TritonError(404, f"Request for unknown model: '{model}' version {version} is not found")
         if self.control.loading:
             raise TritonError(404, f"Request for unknown model: '{model}' has no available versions")
+        return str(model)
 
     def _inputs(self, raw: bytes) -> tuple[dict[str, Any], str]:
         """Triton's ConvertGenerateRequest and core's ValidateRequestInputs: the input tensors and the request id."""
@@ -221,15 +237,18 @@ class _Server:
         greedy = (top_k <= 1 and top_p <= 0) or top_k == 1 or temperature == 0
         stops = [s for s in inputs.get("stop_words", []) if s]
         max_tokens = min(inputs["max_tokens"], seq - n)
-        return _Job(rid, prompt, n, max_tokens, greedy, temperature, top_p or 1.0, stops, inputs.get("end_id"))
+        return _Job(
+            rid, prompt, n, max_tokens, greedy, temperature, top_p or 1.0, stops, inputs.get("end_id"),
+            bool(inputs.get("return_log_probs", False)),
+        )  # fmt: skip
 
     def _executor_error(self, message: str) -> TritonError:
         self.executor_ids += 1
         text = f"Executor failed process requestId {self.executor_ids} due to the following error: {message}"
         return TritonError(500, f"in ensemble '{self.name}', {text}")
 
-    async def _run(self, job: _Job) -> AsyncGenerator[str, None]:
-        """The text of each generated token, as the TensorRT-LLM backend's streamed responses carry it."""
+    async def _run(self, job: _Job) -> AsyncGenerator[Token, None]:
+        """Each generated token, as the TensorRT-LLM model hands it to postprocessing."""
         if job.fault == "unavailable":
             self._fail("REJECTED")
             queue = f"[request id: {job.rid or '<id_unknown>'}] Exceeds maximum queue size"
@@ -247,11 +266,13 @@ class _Server:
         if job.fault == "internal":
             self._fail("BACKEND")
             raise self._executor_error("Encountered an error in forwardAsync function: injected fault")
-        rec, key, outcome = _Live(job.prompt_tokens), id(job), "CANCELED"
+        rec, key, outcome, admitted = _Live(job.prompt_tokens), id(job), "CANCELED", False
         self.pending += 1
         try:
             if self.control.delay_s > 0:
                 await asyncio.sleep(self.control.delay_s)
+            await self.control.admit(job.rid)  # queued in the executor while the batch is full
+            admitted = True
             self.pending -= 1
             self.live[key], started, text = rec, time.monotonic(), ""
             self.stats["queue_us"] += int((started - rec.arrival) * 1e6)
@@ -274,13 +295,15 @@ class _Server:
                         outcome = "BACKEND"
                         raise self._executor_error("Encountered an error in forwardAsync function: injected fault")
                     text += tok.text
-                    yield tok.text
+                    yield tok
                     if any(s in text[-len(tok.text) - len(s) :] for s in job.stops):
                         break
             outcome, now = "success", time.monotonic()
             self.stats["infer_us"] += int((now - started) * 1e6)
             self.stats["request_us"] += int((now - rec.arrival) * 1e6)
         finally:
+            if admitted:
+                self.control.release()
             if self.live.pop(key, None) is None:
                 self.pending -= 1
             if outcome == "success":
@@ -289,15 +312,28 @@ class _Server:
             else:
                 self._fail(outcome)
 
-    def _response(self, job: _Job, text: str) -> dict[str, Any]:
-        """Triton writes the outputs in name order; a request "id" comes back as "id"."""
-        fields = {"model_name": self.name, "model_version": "1", "sequence_end": False, "sequence_id": 0}
-        return ({"id": job.rid} if job.rid else {}) | fields | {"sequence_start": False, "text_output": text}
+    def _response(self, job: _Job, model: str, text: str, tokens: int) -> dict[str, Any]:
+        """Triton writes the outputs in name order; a request "id" comes back as "id". With
+        ``return_log_probs`` the response carries one log-prob per token it decodes (0.0 here)."""
+        probs = {"cum_log_probs": 0.0} if job.log_probs else {}
+        fields: dict[str, Any] = {"model_name": model, "model_version": "1"}
+        if job.log_probs:
+            fields["output_log_probs"] = [0.0] * tokens
+        fields |= {"sequence_end": False, "sequence_id": 0, "sequence_start": False, "text_output": text}
+        return ({"id": job.rid} if job.rid else {}) | probs | fields
+
+    def _texts(self, job: _Job, model: str, tokens: list[Token]) -> str:
+        """What postprocessing makes of a streamed response's tokens. The ensemble decodes each response's
+        tokens alone (its default streaming: word-leading spaces are lost); the BLS model with
+        ``accumulate_tokens`` decodes every token so far, so each response carries the whole text yet."""
+        if model == BLS and self.accumulate_tokens:
+            return self.engine.decode([t.id for t in tokens])
+        return self.engine.decode_alone(tokens[-1].id)
 
     async def generate(self, request: Request) -> Response:
         streaming = request.url.path.endswith("_stream")
         try:
-            self._lookup(request)
+            model = self._lookup(request)
             inputs, rid = self._inputs(await request.body())
             job = self._job(inputs, rid)
             job.fault = self.control.take_fault()
@@ -306,31 +342,37 @@ class _Server:
         per_token = bool(inputs.get("stream", False))
         prefix = "" if per_token or inputs.get("exclude_input_in_output", False) else job.prompt
         if streaming:
-            return await self._stream(request, job, per_token, prefix)
+            return await self._stream(request, job, model, per_token, prefix)
         try:
-            pieces = await unless_disconnected(request, self._collect(job))
+            tokens = await unless_disconnected(request, self._collect(job))
         except TritonError as exc:
             return JSONResponse({"error": exc.message}, exc.status)
-        if pieces is None:
+        if tokens is None:
             return Response()
-        if per_token and len(pieces) > 1:
+        if per_token and len(tokens) > 1:
             return JSONResponse({"error": ONE_RESPONSE}, 200)
-        return JSONResponse(self._response(job, prefix + "".join(pieces)))
+        return JSONResponse(self._whole(job, model, prefix, tokens))
 
-    async def _collect(self, job: _Job) -> list[str]:
-        async with contextlib.aclosing(self._run(job)) as pieces:
-            return [piece async for piece in pieces]
+    def _whole(self, job: _Job, model: str, prefix: str, tokens: list[Token]) -> dict[str, Any]:
+        """One response for the whole answer: postprocessing decodes all its tokens together."""
+        return self._response(job, model, prefix + self.engine.decode([t.id for t in tokens]), len(tokens))
 
-    async def _stream(self, request: Request, job: _Job, per_token: bool, prefix: str) -> Response:
+    async def _collect(self, job: _Job) -> list[Token]:
+        async with contextlib.aclosing(self._run(job)) as tokens:
+            return [tok async for tok in tokens]
+
+    async def _stream(self, request: Request, job: _Job, model: str, per_token: bool, prefix: str) -> Response:
         """The first response decides the HTTP status; later errors become a last event on a 200 stream."""
 
         async def responses() -> AsyncGenerator[str, None]:
             if per_token:
-                async with contextlib.aclosing(self._run(job)) as pieces:
-                    async for piece in pieces:
-                        yield _json(self._response(job, piece))
+                seen: list[Token] = []
+                async with contextlib.aclosing(self._run(job)) as tokens:
+                    async for tok in tokens:
+                        seen.append(tok)
+                        yield _json(self._response(job, model, self._texts(job, model, seen), 1))
             else:
-                yield _json(self._response(job, prefix + "".join(await self._collect(job))))
+                yield _json(self._whole(job, model, prefix, await self._collect(job)))
 
         async def head() -> tuple[str | None]:
             return (await anext(events, None),)
@@ -415,12 +457,16 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": "Not Found" if exc.status_code == 404 else "Method Not Allowed"}, exc.status_code)
 
 
-def create_app(engine: TinyEngine, control: FakeControl, *, model_name: str = "ensemble") -> Starlette:
-    server = _Server(engine, control, model_name)
+def create_app(
+    engine: TinyEngine, control: FakeControl, *, model_name: str = "ensemble", accumulate_tokens: bool = True
+) -> ASGIApp:
+    """The fake, serving the ensemble (``model_name``) and ``tensorrt_llm_bls`` (``accumulate_tokens``: its
+    config parameter), behind the generic faults of ``control``."""
+    server = _Server(engine, control, model_name, accumulate_tokens)
     routes = [Route("/v2/health/live", server.live_route), Route("/v2/health/ready", server.ready_route)]
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes.append(Route(f"{base}/ready", server.model_ready, methods=["GET"]))
         routes.append(Route(f"{base}/generate", server.generate, methods=["POST"]))
         routes.append(Route(f"{base}/generate_stream", server.generate, methods=["POST"]))
     routes.append(Route("/metrics", server.metrics, methods=["GET"]))
-    return Starlette(routes=routes, exception_handlers={HTTPException: _not_found})
+    return with_faults(Starlette(routes=routes, exception_handlers={HTTPException: _not_found}), control)

@@ -29,7 +29,8 @@ FakeControl.fail_next names:
 - "midstream": three tokens, then the engine fails. Streaming: the real server logs and re-raises inside the SSE
   generator, so the connection drops with no error event and no [DONE]; the fake does the same. Non-streaming:
   400 BadRequestError carrying the engine's message.
-control.delay_s is spent queued (counted as waiting). healthy False, or loading True (trtllm-serve only opens
+Also the generic faults of control.py. control.delay_s, and waiting for one of control.max_running slots, are
+spent queued (counted as waiting). healthy False, or loading True (trtllm-serve only opens
 its port once loaded), fails /health; generation is unaffected.
 
 Guessed: the version string; the texts of injected engine errors (real C++ ones also end with file:line);
@@ -57,9 +58,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.contract.control import FakeControl
+from tests.contract.control import FakeControl, with_faults
 from tests.contract.tiny_engine import TinyEngine, Token
 
 T = TypeVar("T")
@@ -284,11 +285,13 @@ class _Server:
 
     async def _run(self, job: _Job) -> AsyncGenerator[_Step, None]:
         """One step per generated token; the last one carries finish_reason."""
-        rec, outcome = _Live(job.prompt_tokens), "abort"
+        rec, outcome, admitted = _Live(job.prompt_tokens), "abort", False
         self.waiting += 1
         try:
             if self.control.delay_s > 0:
                 await asyncio.sleep(self.control.delay_s)
+            await self.control.admit()  # queued while the batch is full (max_running)
+            admitted = True
             self.waiting -= 1
             rec.start = last = time.monotonic()
             self.live[job.rid] = rec
@@ -331,6 +334,8 @@ class _Server:
             outcome = "error"
             raise
         finally:
+            if admitted:
+                self.control.release()
             if self.live.pop(job.rid, None) is None:
                 self.waiting -= 1
             self._finish(rec, outcome)
@@ -535,7 +540,7 @@ async def _fastapi_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, exc.status_code)
 
 
-def create_app(engine: TinyEngine, control: FakeControl, *, model: str = "enginegate-demo") -> Starlette:
+def create_app(engine: TinyEngine, control: FakeControl, *, model: str = "enginegate-demo") -> ASGIApp:
     server = _Server(engine, control, model)
     routes = [
         Route("/health", server.health, methods=["GET"]),
@@ -546,4 +551,4 @@ def create_app(engine: TinyEngine, control: FakeControl, *, model: str = "engine
         Route("/v1/chat/completions", server.generate, methods=["POST"]),
         Route("/v1/completions", server.generate, methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _fastapi_error})
+    return with_faults(Starlette(routes=routes, exception_handlers={HTTPException: _fastapi_error}), control)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -53,6 +54,12 @@ class Subject:
     """What an over-long prompt becomes: None where the engine answers anyway."""
     cancellable: bool = True
     """False: the engine has no way to stop a request (MII REST); only the connection is closed."""
+    own_request_id: bool = False
+    """The engine takes the request id in a field of its own (Triton's ``id``), recorded by the fake."""
+
+    @property
+    def fake(self) -> bool:
+        return self.control is not None
 
 
 def _metric(url: str, pattern: str) -> Callable[[], float]:
@@ -65,7 +72,7 @@ def _metric(url: str, pattern: str) -> Callable[[], float]:
     return read
 
 
-def _http(cls: type, url: str, **extra: object) -> BackendMaker:
+def _http(cls: type, url: str, **extra: Any) -> BackendMaker:
     def make(url: str = url, read_timeout_s: float = 60.0) -> Backend:
         settings = HttpSettings(url=url, served_model=SERVED, read_timeout_s=read_timeout_s, default_max_tokens=64)
         backend: Backend = cls("under-test", SERVED, settings, **extra)
@@ -134,15 +141,28 @@ def subject(name: str, workdir: Path, real_engine: Callable[[str], str]) -> Iter
                 "midstream": ErrorKind.PROTOCOL,  # the connection drops after a few tokens
             }
             yield Subject(name, _http(TrtllmServeBackend, url), tokens, engine, control, faults=faults)
-        elif name == "triton_trtllm":
+        elif name in ("triton_trtllm", "triton_bls"):
             url = stack.enter_context(serve_in_thread(fake_triton.create_app(engine, control), "/v2/health/ready"))
             faults = {
                 "unavailable": ErrorKind.OVERLOADED,
                 "internal": ErrorKind.UPSTREAM,
-                "midstream": ErrorKind.UPSTREAM,  # an error event, then the stream ends
+                "midstream": ErrorKind.UPSTREAM,  # an error event, then the stream ends (whole: a 500)
             }
+            # The ensemble as deployed by default answers whole (its per-token stream loses spaces); the BLS
+            # model with accumulate_tokens streams the text so far, which the adapter diffs.
+            extra: dict[str, object] = (
+                {} if name == "triton_trtllm" else {"triton_model": "tensorrt_llm_bls", "text_output": "cumulative"}
+            )
             yield Subject(
-                name, _http(TritonTrtllmBackend, url), tokens, engine, control, exact_usage=False, faults=faults
+                name,
+                _http(TritonTrtllmBackend, url, **extra),
+                tokens,
+                engine,
+                control,
+                streams=name == "triton_bls",
+                exact_usage=False,
+                faults=faults,
+                own_request_id=True,
             )
         elif name == "mii_rest":
             url = stack.enter_context(serve_in_thread(fake_mii.create_rest_app(engine, control), "/healthz"))
@@ -186,6 +206,7 @@ ALL = [
     "llama_server",
     "trtllm_serve",
     "triton_trtllm",
+    "triton_bls",
     "tgi",
     "tgi_messages",
     "mii_rest",

@@ -11,7 +11,9 @@ import pytest
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT
+from tests.contract.control import GENERIC_FAULTS, FakeControl
 from tests.contract.subjects import ALL, Subject, closed_port_url, subject
+from tests.polling import eventually, wait_until
 
 T = TypeVar("T")
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -65,10 +67,14 @@ def test_completion_greedy_answer(subj: Subject) -> None:
     assert chunks[-1].finish_reason == "length"
 
 
-def test_stop_string_ends_the_answer_and_is_not_included(subj: Subject) -> None:
-    chunks = run(subj, lambda b: collect(b, req(prompt=ZEN_PROMPT, max_tokens=40, stop=("Simple",))))
+@pytest.mark.parametrize("stop", ["Simple", "Simple is"])
+def test_stop_string_ends_the_answer_and_is_not_included(subj: Subject, stop: str) -> None:
+    chunks = run(subj, lambda b: collect(b, req(prompt=ZEN_PROMPT, max_tokens=40, stop=(stop,))))
     assert text_of(chunks) == " ugly.\nExplicit is better than implicit.\n"
     assert chunks[-1].finish_reason == "stop"
+    usage = chunks[-1].usage
+    # About 12 tokens up to the stop: the usage is of the answer, not of all 40 an engine may have made.
+    assert usage is not None and 0 < usage.completion_tokens < 20, usage
 
 
 def test_max_tokens_reached_is_length_with_usage(subj: Subject) -> None:
@@ -82,6 +88,22 @@ def test_max_tokens_reached_is_length_with_usage(subj: Subject) -> None:
         assert usage.prompt_tokens == 16
     else:
         assert usage.completion_tokens > 0 and usage.prompt_tokens > 0
+
+
+def settled(read: Callable[[], float], quiet_s: float = 0.4, timeout: float = 10.0) -> float:
+    """``read()`` once it has stopped changing for ``quiet_s``; fails if it keeps changing until ``timeout``
+    (an engine still generating)."""
+    last, since = read(), time.monotonic()
+
+    def quiet() -> bool:
+        nonlocal last, since
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        return time.monotonic() - since >= quiet_s
+
+    wait_until(quiet, timeout=timeout, interval=0.05, message="the engine kept generating after the stream was closed")
+    return last
 
 
 def test_cancellation_reaches_the_engine(subj: Subject) -> None:
@@ -101,42 +123,40 @@ def test_cancellation_reaches_the_engine(subj: Subject) -> None:
             await stream.aclose()  # type: ignore[attr-defined]
         else:
             task = asyncio.ensure_future(collect(backend, request))
-            await asyncio.sleep(0.3)
+            await eventually(lambda: subj.engine_tokens() > before, message="the engine never started")
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0.5)
         return subj.engine_tokens()
 
     try:
         before = subj.engine_tokens()
-        settled = run(subj, body)
-        time.sleep(0.7)
-        later = subj.engine_tokens()
+        at_close = run(subj, body)
+        if subj.cancellable:
+            # Ran to the end or not is read from the engine's own counter: it must come to rest, soon.
+            at_rest = settled(subj.engine_tokens)
+            assert at_rest - before < max_tokens / 2, "the engine ran the request to its end"
+        else:
+            # The engine has no cancellation: the adapter closed its connection, the engine runs on.
+            wait_until(lambda: subj.engine_tokens() > at_close, timeout=10, message="the engine stopped")
     finally:
         if subj.engine is not None:
             subj.engine.token_delay_s = 0.0
-    if not subj.cancellable:
-        # The engine has no cancellation: the adapter closed its connection, the engine runs on.
-        assert subj.engine is not None and later > settled
-        return
-    assert later == settled, "the engine kept generating after the stream was closed"
-    assert settled - before < max_tokens / 2
 
 
 def test_context_overflow_maps_to_what_the_engine_makes_knowable(subj: Subject) -> None:
     long_prompt = req(prompt="Beautiful is better than ugly. " * 2000, max_tokens=16)
     if subj.context_error is None:  # the engine answers anyway (MII's OpenAI server)
         assert run(subj, lambda b: collect(b, long_prompt))[-1].finish_reason is not None
-        return
-    with pytest.raises(BackendError) as info:
-        run(subj, lambda b: collect(b, long_prompt))
-    assert info.value.kind is subj.context_error
-    assert info.value.retryable is (subj.context_error is not ErrorKind.CONTEXT_LENGTH)
+    else:
+        with pytest.raises(BackendError) as info:
+            run(subj, lambda b: collect(b, long_prompt))
+        assert info.value.kind is subj.context_error
+        assert info.value.retryable is (subj.context_error is not ErrorKind.CONTEXT_LENGTH)
 
 
 def test_unreachable_engine_is_connect_error(subj: Subject) -> None:
     if subj.name in ("ctranslate2", "llama_cpp"):
-        return  # in process: nothing to connect to
+        pytest.skip("in process: nothing to connect to")
     with pytest.raises(BackendError) as info:
         run(subj, lambda b: collect(b, req(messages=HELLO, max_tokens=5)), url=closed_port_url())
     assert info.value.kind is ErrorKind.CONNECT and info.value.retryable
@@ -144,7 +164,7 @@ def test_unreachable_engine_is_connect_error(subj: Subject) -> None:
 
 def test_engine_faults_map_to_error_kinds(subj: Subject) -> None:
     if subj.control is None:
-        return  # real engines: their failures are exercised by the context and connect tests
+        pytest.skip("a real engine: its failures are exercised by the context and connect tests")
     for fault, kind in subj.faults.items():
         subj.control.fail_next = fault
         with pytest.raises(BackendError) as info:
@@ -155,7 +175,7 @@ def test_engine_faults_map_to_error_kinds(subj: Subject) -> None:
 
 def test_slow_first_token_is_a_timeout(subj: Subject) -> None:
     if subj.control is None:
-        return
+        pytest.skip("a real engine: no way to slow it down on purpose")
     subj.control.delay_s = 2.0
     try:
         with pytest.raises(BackendError) as info:
@@ -178,3 +198,124 @@ def test_health_and_load(subj: Subject) -> None:
             assert not run(subj, probe)[0]
         finally:
             subj.control.healthy = True
+
+
+def fake_only(subj: Subject) -> FakeControl:
+    if subj.control is None:
+        pytest.skip("a real engine: no fault control")
+    return subj.control
+
+
+def test_backend_says_whether_it_answers_whole(subj: Subject) -> None:
+    async def probe(backend: Backend) -> bool:
+        return bool(getattr(backend, "answers_whole", False))
+
+    assert run(subj, probe) is (not subj.streams)
+
+
+def test_request_id_reaches_the_engine(subj: Subject) -> None:
+    control = fake_only(subj)
+    rid = f"rid-{subj.name}-1"
+    run(subj, lambda b: collect(b, GenerationRequest(request_id=rid, model="m", prompt="Hi", max_tokens=3)))
+    assert rid in [seen.request_id for seen in control.seen], "X-Request-Id header"
+    if subj.own_request_id:
+        assert rid in control.started, "the engine's own request id field"
+
+
+def test_engine_queue_is_read_as_waiting(subj: Subject) -> None:
+    """10 requests on an engine that runs 2 at a time: its load says 2 running, 8 waiting."""
+    control = fake_only(subj)
+    assert subj.engine is not None
+    if subj.make().load_map is None:  # type: ignore[attr-defined]
+        pytest.skip("the engine exposes no load gauges: the gateway counts for itself")
+    control.max_running, subj.engine.token_delay_s = 2, 0.005
+
+    async def body(backend: Backend) -> Any:
+        request = req(prompt="The Zen", max_tokens=3000, extra={"ignore_eos": True})
+        tasks = [asyncio.ensure_future(collect(backend, request)) for _ in range(10)]
+        try:
+            seen: list[Any] = []
+
+            async def loaded() -> bool:
+                seen.append(await backend.load())
+                return seen[-1] is not None and (seen[-1].running, seen[-1].waiting) == (2, 8)
+
+            deadline = time.monotonic() + 10
+            while not await loaded() and time.monotonic() < deadline:  # noqa: ASYNC110 - polls an endpoint
+                await asyncio.sleep(0.05)
+            return seen[-1]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        load = run(subj, body)
+    finally:
+        control.max_running, subj.engine.token_delay_s = None, 0.0
+    assert load is not None and (load.running, load.waiting) == (2, 8), load
+    wait_until(lambda: control.running == 0 and subj.engine is not None and subj.engine.active_streams == 0)
+
+
+def test_connection_closed_before_the_answer_is_one_generation(subj: Subject) -> None:
+    """The engine took the request, then its connection closed before a response byte: the request fails
+    (another backend may take it) and the engine started exactly one generation for it, never a resent one."""
+    control = fake_only(subj)
+
+    async def body(backend: Backend) -> int:
+        await collect(backend, req(messages=HELLO, max_tokens=3))  # a pooled connection, to be reused
+        before = len(control.started)
+        control.fail_next = "drop"
+        with pytest.raises(BackendError) as info:
+            await collect(backend, req(messages=HELLO, max_tokens=3))
+        assert info.value.retryable
+        return len(control.started) - before
+
+    try:
+        assert run(subj, body) <= 1
+    finally:
+        control.fail_next = None
+
+
+# What each generic fault must become; "drop" and "refuse" leave the kind to the HTTP client.
+GENERIC_KINDS = {
+    "status_500": {ErrorKind.UPSTREAM},
+    "status_503": {ErrorKind.OVERLOADED},
+    "status_429": {ErrorKind.OVERLOADED},
+    "cut": {ErrorKind.PROTOCOL, ErrorKind.UPSTREAM},
+    "error_event": {ErrorKind.UPSTREAM},
+    "malformed": {ErrorKind.PROTOCOL},
+    "refuse": {ErrorKind.CONNECT, ErrorKind.PROTOCOL},
+    "drop": {ErrorKind.CONNECT, ErrorKind.PROTOCOL},
+    "hang": {ErrorKind.TIMEOUT},
+}
+
+
+def test_generic_faults_become_retryable_errors(subj: Subject) -> None:
+    control = fake_only(subj)
+    assert set(GENERIC_KINDS) == set(GENERIC_FAULTS)
+    control.retry_after_s = 3.0
+    try:
+        for fault, kinds in GENERIC_KINDS.items():
+            control.fail_next = fault
+            with pytest.raises(BackendError) as info:
+                run(subj, lambda b: collect(b, req(prompt=ZEN_PROMPT, max_tokens=12)), read_timeout_s=1.0)
+            err = info.value
+            if fault in ("cut", "error_event", "malformed") and not subj.streams:
+                kinds = kinds | {ErrorKind.PROTOCOL}  # a whole answer cut or spoilt is unreadable JSON
+            assert err.kind in kinds and err.retryable, (fault, err)
+            if fault in ("status_503", "status_429"):
+                assert err.retry_after == 3.0, (fault, err)
+            assert control.fail_next is None, f"{fault} was not taken"
+    finally:
+        control.reset()
+
+
+def test_slow_tokens_still_answer(subj: Subject) -> None:
+    control = fake_only(subj)
+    control.token_delay_s = 0.05
+    try:
+        chunks = run(subj, lambda b: collect(b, req(prompt=ZEN_PROMPT, max_tokens=8)), read_timeout_s=5.0)
+    finally:
+        control.token_delay_s = 0.0
+    assert text_of(chunks) and chunks[-1].finish_reason == "length"

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
 
 from tests.conftest import GREETING_REPLY
 from tests.contract.control import FakeControl
@@ -32,7 +33,7 @@ NEVER = "\u2603"  # not a vocabulary piece: as MII's stop, it only switches the 
 INTERNAL = '{"message": "Internal Server Error"}\n'
 
 
-def _with_readyz(app: Starlette) -> Starlette:
+def _with_readyz(app: ASGIApp) -> Starlette:
     """serve_in_thread polls /readyz, which MII lacks: a test-only probe in front of the untouched fake."""
 
     async def ready(request: Request) -> Response:

@@ -64,6 +64,17 @@ class TinyEngine:
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         return self._chat.render(messages)
 
+    def decode(self, ids: list[int]) -> str:
+        """What a tokenizer's ``decode(ids)`` gives: the ids' bytes together, a split character as U+FFFD."""
+        return b"".join(self._pieces[i] for i in ids).decode("utf-8", "replace")
+
+    def decode_alone(self, token_id: int) -> str:
+        """``decode([token_id])`` with a SentencePiece tokenizer's decoder (Llama's ``Strip(left=1)``): a
+        word-leading space is dropped, as it is at the start of every decode call, and a byte of a
+        multi-byte character alone is U+FFFD. What a pipeline that decodes each token by itself shows."""
+        text = self.decode([token_id])
+        return text[1:] if text.startswith(" ") else text
+
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 

@@ -10,11 +10,12 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from backends.base import BackendError, ErrorKind
+from backends.base import BackendError, ErrorKind, Load
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.conftest import write_config
 from tests.fakes import CONNECT_ERROR, UPSTREAM_ERROR, ScriptedBackend, factory, serve_in_thread
+from tests.polling import wait_until
 
 Fleet = tuple[str, ScriptedBackend, ScriptedBackend]
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
@@ -95,13 +96,14 @@ def test_failure_after_first_token_ends_stream_with_error_event_and_done(fleet: 
     assert a.closed_streams == 2
 
 
-def test_failure_after_first_token_non_streaming_is_a_bad_gateway(fleet: Fleet) -> None:
+def test_failure_mid_answer_non_streaming_is_answered_by_the_next_backend(fleet: Fleet) -> None:
+    """Nothing was sent to the client yet: the commit point of a whole answer is its end (issue 11.6)."""
     base, a, b = fleet
     a.fail_with, a.fail_after = UPSTREAM_ERROR, 1
-    with pytest.raises(openai.InternalServerError) as info:
-        client(base).chat.completions.create(model="m", messages=HELLO)
-    assert info.value.status_code == 502
-    assert b.calls == 0
+    raw = client(base).chat.completions.with_raw_response.create(model="m", messages=HELLO)
+    assert raw.headers["x-enginegate-backend"] == "b"
+    assert raw.parse().choices[0].message.content == "from b"
+    assert (a.calls, b.calls) == (1, 1) and a.closed_streams == 1
 
 
 def test_all_overloaded_is_rate_limited_with_retry_after(fleet: Fleet) -> None:
@@ -114,15 +116,13 @@ def test_all_overloaded_is_rate_limited_with_retry_after(fleet: Fleet) -> None:
 
 
 def test_unhealthy_backends_are_skipped_and_none_healthy_is_503(fleet: Fleet) -> None:
-    import time
-
     base, a, b = fleet
     a.healthy = False
-    time.sleep(0.6)  # the health poller runs every 0.2 s
+    wait_until(lambda: httpx.get(f"{base}/readyz").json()["backends"]["a"] is False, timeout=5)
     resp = client(base).chat.completions.create(model="m", messages=HELLO)
     assert resp.choices[0].message.content == "from b" and a.calls == 0
     b.healthy = False
-    time.sleep(0.6)
+    wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 503, timeout=5)
     with pytest.raises(openai.InternalServerError) as info:
         client(base).chat.completions.create(model="m", messages=HELLO)
     assert info.value.status_code == 503
@@ -164,14 +164,70 @@ backends:
 
 
 def test_client_leaving_before_the_first_token_cancels_quietly(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
-    import time
-
     base, a, _ = fleet
     a.first_delay = 0.45  # under the 0.5 s first-token timeout: a stays the one being waited for
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": HELLO}, timeout=0.15)
-    time.sleep(0.5)
-    assert a.calls == 1 and a.closed_streams == 1, "the backend's stream was closed when the client left"
+    wait_until(lambda: a.closed_streams == 1, timeout=5, message="the backend's stream was closed")
+    assert a.calls == 1 and a.finished == 0, "the generation was stopped, not run to its end"
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
     ok = httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": HELLO}, timeout=10)
     assert ok.status_code == 200
+
+
+def test_every_response_is_counted_with_its_status_class_and_errors_carry_the_gateway_headers(fleet: Fleet) -> None:
+    """An error-ratio alert sees 4xx storms and routing 503s (issue 11.11: they never reached the counter)."""
+    base, a, b = fleet
+    post = f"{base}/v1/chat/completions"
+    assert httpx.post(post, json={"model": "nope", "messages": HELLO}).status_code == 404
+    bad = httpx.post(post, content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and "x-enginegate-overhead-ms" in bad.headers
+    a.fail_with = b.fail_with = UPSTREAM_ERROR
+    failed = httpx.post(post, json={"model": "m", "messages": HELLO})
+    assert failed.status_code == 502
+    assert failed.headers["x-enginegate-backend"] == "b" and "x-enginegate-overhead-ms" in failed.headers
+    assert httpx.get(f"{base}/v1/nowhere").status_code == 404
+    text = httpx.get(f"{base}/metrics").text
+    for labels in (
+        'backend="none",code="4xx",model="other",outcome="error",route="chat"',
+        'backend="b",code="5xx",model="m",outcome="error",route="chat"',
+        'backend="none",code="4xx",model="none",outcome="error",route="other"',
+    ):
+        assert f"enginegate_requests_total{{{labels}}}" in text, text
+
+
+class Queued(ScriptedBackend):
+    """An engine that runs 4 requests and reports 496 more waiting."""
+
+    async def load(self) -> Load | None:
+        return Load(running=4, waiting=496)
+
+
+def test_an_engine_with_a_long_queue_sheds_new_requests_at_once_with_retry_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12.4: a fast 503 with Retry-After from the predicted wait, never a 504 a minute later."""
+    busy = Queued("busy", "m")
+    monkeypatch.setenv("EG_TEST_ADMIN", "admin-secret")
+    config = write_config(
+        tmp_path / "queue.yaml",
+        """
+routing: {max_queue_wait_s: 0.001}
+limits: {health_interval_s: 0.2}
+admin: {api_key_env: EG_TEST_ADMIN}
+models: [{name: m, gguf: "{GGUF}"}]
+backends: [{name: busy, engine: ctranslate2, model: m, max_concurrency: 4}]
+""",
+    )
+    with serve_in_thread(create_app(load_config(config), factory({"busy": busy}))) as base:
+        with pytest.raises(openai.InternalServerError) as info:
+            client(base).chat.completions.create(model="m", messages=HELLO)
+        assert info.value.status_code == 503 and info.value.code == "overloaded"
+        assert int(info.value.response.headers["retry-after"]) >= 1
+        assert busy.calls == 0
+        explain = httpx.post(
+            f"{base}/admin/route/explain",
+            json={"model": "m", "prompt_tokens": 10},
+            headers={"authorization": "Bearer admin-secret"},
+        )
+        assert "queue full" in explain.text, explain.text

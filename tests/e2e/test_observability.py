@@ -84,7 +84,8 @@ backends: [{name: ct2-main, engine: ctranslate2, model: enginegate-demo}]
         for _ in range(4):
             text = httpx.get(f"{gw.base_url}/metrics").text
             served = (
-                r'enginegate_requests_total\{backend="ct2-main",model="enginegate-demo",outcome="ok",route="chat"\}'
+                r'enginegate_requests_total\{backend="ct2-main",code="2xx",model="enginegate-demo",'
+                r'outcome="ok",route="chat"\}'
             )
             assert re.search(rf"^{served} 30\.0$", text, re.M), text
             assert re.search(r'^enginegate_requests_in_flight\{route="chat"\} 0\.0$', text, re.M)

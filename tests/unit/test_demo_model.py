@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from llama_cpp import Llama
 from tokenizers import Tokenizer
 
 from backends.ct2_convert import TOKENIZER_FILE, derive
 from backends.gguf_file import GgufError, read_gguf
 from tests.conftest import DEMO_GGUF
 
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
 
 @pytest.fixture(scope="module")
 def llama() -> Llama:
+    from llama_cpp import Llama  # built by `make engines`
+
     return Llama(str(DEMO_GGUF), n_ctx=512, n_threads=1, verbose=False)
 
 

@@ -37,6 +37,18 @@ trtllm_num_requests_waiting{model_name="undefined",engine_type="undefined"} 1.0
 # TYPE trtllm_kv_cache_utilization gauge
 trtllm_kv_cache_utilization{model_name="undefined",engine_type="undefined"} 0.25
 """
+# TensorRT-LLM behind Triton with a batch of 2 and 10 requests: its batch manager holds 7 ("active"), runs 2
+# ("scheduled") and 3 are still queued ("waiting"): 2 running, 8 waiting (read as 7 running before).
+TRITON_BATCH_FULL = """\
+# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"} 3
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="context",version="1"} 0
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="scheduled",version="1"} 2
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 512
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 7
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="tensorrt_llm",version="1"} 0.5
+"""
 # The first trtllm-serve release had only histograms and counters: no load gauges at all.
 TRTLLM_SERVE_2025 = """\
 # TYPE request_success_total counter
@@ -50,7 +62,9 @@ request_success_total{finished_reason="stop"} 4.0
         ((DATA / "vllm_docs_excerpt.metrics.txt").read_text(), vllm.LOAD, Load(8, 2, 0.42)),
         ((DATA / "vllm_0.32.0_cpu.metrics.txt").read_text(), vllm.LOAD, Load(1, 0, 0.00024420024420024333)),
         (VLLM_0_9, vllm.LOAD, Load(3, 7, 0.9)),
-        ((DATA / "triton_trtllm_backend_excerpt.metrics.txt").read_text(), trtllm.TRITON_LOAD, Load(0, 1, 0.4875)),
+        # running is the scheduled batch; queued requests and active ones left out of the batch wait
+        ((DATA / "triton_trtllm_backend_excerpt.metrics.txt").read_text(), trtllm.TRITON_LOAD, Load(1, 1, 0.4875)),
+        (TRITON_BATCH_FULL, trtllm.TRITON_LOAD, Load(2, 8, 0.5)),
         ((DATA / "llama_server_b-vendored-0.3.36.metrics.txt").read_text(), llama_server.LOAD, Load(0, 0, None)),
         (TGI_3, tgi.LOAD, Load(12, 4, None)),
         (TRTLLM_SERVE_2026, trtllm.SERVE_LOAD, Load(5, 1, 0.25)),

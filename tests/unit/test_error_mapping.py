@@ -72,6 +72,33 @@ def test_engine_error_bodies(status: int, body: bytes, kind: ErrorKind) -> None:
     assert err.message.startswith(f"e answered {status}: ")
 
 
+def test_clients_get_no_engine_internals_and_logs_keep_them() -> None:
+    body = (
+        b'{"error":"Executor failed at /opt/tritonserver/backends/tensorrtllm/model_state.cc:812 calling '
+        b"http://10.1.2.3:8001/v2 on gpu-7.triton.svc.cluster.local\\nTraceback (most recent call last):\\n"
+        b'  File \\"/usr/lib/python3/x.py\\", line 3"}'
+    )
+    err = from_response("b1", 500, body, {})
+    assert err.kind is ErrorKind.UPSTREAM and err.message == "b1 answered 500: the engine failed"
+    assert "10.1.2.3" in err.detail and "Traceback" in err.detail
+    rendered = from_backend(err).body()["error"]["message"]
+    assert rendered == err.message
+
+
+def test_a_bad_request_keeps_the_engines_words_without_hosts_or_paths() -> None:
+    body = (
+        b'{"object":"error","message":"This model\'s maximum context length is 2048 tokens (see '
+        b'https://docs.internal/limits, /srv/models/llama/config.json, node gpu-3:8000).","code":400}'
+    )
+    err = from_response("b1", 400, body, {})
+    assert err.kind is ErrorKind.CONTEXT_LENGTH
+    assert err.message.startswith("b1 answered 400: This model's maximum context length is 2048 tokens")
+    for secret in ("docs.internal", "/srv/models", "gpu-3", "8000"):
+        assert secret not in err.message and secret in err.detail
+    event = from_event("b1", {"error": {"message": "boom at 192.168.0.9:9000", "type": "InternalServerError"}})
+    assert "192.168" not in event.message and "192.168" in event.detail
+
+
 def test_retry_after_is_read_and_overloads_always_carry_one() -> None:
     assert from_response("e", 429, b"{}", {"retry-after": "7"}).retry_after == 7.0
     assert from_response("e", 503, b"", {}).retry_after == 1.0

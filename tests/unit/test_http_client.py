@@ -1,24 +1,45 @@
-"""The engine HTTP client against small raw asyncio servers: framing, keep-alive, stale connections,
-timeouts, early close, pool limit, bad responses."""
+"""The engine HTTP client against small raw asyncio servers: framing, keep-alive, stale connections
+(never a second delivery of a request that may have run), idle limits, per-phase deadlines, early
+close, pool limit, bad responses, redirects, compressed bodies, trailers, TLS."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import logging
+import select
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from backends import http_client
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.http_base import HttpBackend, HttpSettings
 from backends.http_client import (
     ConnectError,
     Headers,
     HttpClient,
+    NoResponseError,
     ProtocolError,
     ReadTimeout,
     RemoteClosed,
+    ResponseTimeout,
+    tls_context,
 )
+from gateway.config import ConfigError, load_config
+from gateway.engines import build_backend
 from tests.conftest import free_port
+from tests.polling import eventually
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -141,6 +162,7 @@ def test_content_length_body_and_request_headers() -> None:
             assert request.headers["content-type"] == "application/json"
             assert request.headers["content-length"] == "8"
             assert request.headers["authorization"] == "Bearer sekret"
+            assert request.headers["accept-encoding"] == "identity"
             assert request.headers["host"] == server.url.removeprefix("http://")
             await client.aclose()
 
@@ -279,20 +301,27 @@ def test_idle_connection_closed_by_the_server_is_not_reused() -> None:
                 response = await client.request("GET", "/")
                 assert await response.read() == b"one"
                 response.release()
-                await asyncio.sleep(0.1)
+                await eventually(lambda: client.stats()["idle"] == 0, 5, message="the server's close is seen")
             assert server.accepted == 2
             await client.aclose()
 
     run(body)
 
 
-def test_stale_connection_closing_as_reused_retries_once_on_a_new_one() -> None:
+def test_request_the_server_may_have_read_is_never_sent_again() -> None:
+    """A reused connection that closes after the request was written, before any response byte: the
+    engine may have read and run the request, so it is an error and not a second delivery."""
+
     async def close_on_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(ok(b"first"))
         await writer.drain()
-        # A keep-alive timeout that fires just as the next request arrives: read it, answer nothing.
-        await read_request(reader)
+        # A keep-alive timeout (or a crash) just as the next request arrives: read it, answer nothing.
+        second = await read_request(reader)
+        assert second is not None
+        requests.append(second)
+
+    requests: list[Request] = []
 
     async def body() -> None:
         async with Server(close_on_second) as server:
@@ -300,10 +329,141 @@ def test_stale_connection_closing_as_reused_retries_once_on_a_new_one() -> None:
             response = await client.request("POST", "/", b"1")
             assert await response.read() == b"first"
             response.release()
-            response = await client.request("POST", "/", b"2")
+            with pytest.raises(NoResponseError) as info:
+                await client.request("POST", "/", b"2")
+            assert info.value.before_response and "may have been run" in str(info.value)
+            assert [r.body for r in requests] == [b"2"]
+            assert server.accepted == 1, "not sent again on a new connection"
+            assert client.retries == 0
+            assert client.stats()["slots"] == 0
+            await client.aclose()
+
+    run(body)
+
+
+def test_write_failing_on_a_stale_connection_is_retried_once_on_a_new_one(caplog: pytest.LogCaptureFixture) -> None:
+    """The server reset an idle connection and the event loop has not seen it yet: writing fails at
+    once, so not one byte reached the server and the request goes once more on a new connection."""
+
+    async def reset_after_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        request = await read_request(reader)
+        if n == 1:
+            writer.write(ok(b"first"))
+            await writer.drain()
+            # Close with a reset (linger 0) rather than an orderly end of file.
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return
+        assert request is not None
+        requests.append(request)
+        writer.write(ok(b"second"))
+        await writer.drain()
+
+    requests: list[Request] = []
+
+    async def body() -> None:
+        async with Server(reset_after_first) as server:
+            client = HttpClient(server.url)
+            response = await client.request("POST", "/", b"1")
             assert await response.read() == b"first"
             response.release()
-            assert server.accepted == 2
+            conn = next(iter(client.connections))
+            # Block the loop until the reset is in the socket, so that the client cannot have seen it.
+            poller = select.poll()
+            poller.register(conn.fd, select.POLLIN)
+            assert poller.poll(5000), "the server's reset arrives"
+            assert client.stats()["idle"] == 1
+            with caplog.at_level(logging.WARNING, logger="enginegate.http"):
+                response = await client.request("POST", "/", b"2")
+            assert await response.read() == b"second"
+            response.release()
+            assert [r.body for r in requests] == [b"2"] and server.accepted == 2
+            assert client.retries == 1
+            assert any("sent again on a new connection" in r.getMessage() for r in caplog.records)
+            await client.aclose()
+
+    run(body)
+
+
+def test_stale_connection_with_an_unseen_end_of_file_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pooled connection idle long enough for a server timer to have closed it is looked at before
+    reuse: an end of file the loop has not processed yet means a new connection, not a lost request."""
+    monkeypatch.setattr(http_client, "_PEEK_AFTER_S", 0.0)
+
+    async def close_after_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        request = await read_request(reader)
+        assert request is not None
+        writer.write(ok(b"n%d" % n))
+        await writer.drain()
+        if n == 1:
+            writer.close()
+            return
+        await read_request(reader)
+
+    async def body() -> None:
+        async with Server(close_after_first) as server:
+            client = HttpClient(server.url)
+            response = await client.request("POST", "/", b"1")
+            assert await response.read() == b"n1"
+            response.release()
+            conn = next(iter(client.connections))
+            poller = select.poll()
+            poller.register(conn.fd, select.POLLIN)
+            assert poller.poll(5000), "the server's end of file arrives"
+            response = await client.request("POST", "/", b"2")  # before the loop reads that end of file
+            assert await response.read() == b"n2"
+            response.release()
+            assert server.accepted == 2 and client.retries == 0 and client.discarded == 1
+            await client.aclose()
+
+    run(body)
+
+
+def test_idle_connections_are_closed_after_the_idle_limit() -> None:
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: ok(b"x"))) as server:
+            client = HttpClient(server.url, idle_timeout_s=0.2)
+            for _ in range(3):  # within the limit: one connection
+                response = await client.request("GET", "/")
+                await response.read()
+                response.release()
+            assert server.accepted == 1
+            await eventually(lambda: client.stats() == {"open": 0, "slots": 0, "idle": 0, "waiting": 0}, 5)
+            assert client.discarded == 1
+            response = await client.request("GET", "/")
+            await response.read()
+            response.release()
+            assert server.accepted == 2, "a connection past the idle limit is not reused"
+            await client.aclose()
+
+    run(body)
+
+
+@pytest.mark.parametrize(("field", "reused"), [("Keep-Alive: timeout=0", False), ("Keep-Alive: timeout=30", True)])
+def test_keep_alive_timeout_from_the_server_is_honoured(field: str, reused: bool) -> None:
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: ok(b"x", field))) as server:
+            client = HttpClient(server.url, idle_timeout_s=30)
+            for _ in range(2):
+                response = await client.request("GET", "/")
+                await response.read()
+                response.release()
+            assert server.accepted == (1 if reused else 2)
+            await client.aclose()
+
+    run(body)
+
+
+def test_keep_alive_timeout_shortens_the_idle_limit() -> None:
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: ok(b"x", "Keep-Alive: timeout=1, max=100"))) as server:
+            client = HttpClient(server.url, idle_timeout_s=30)
+            response = await client.request("GET", "/")
+            await response.read()
+            response.release()
+            conn = next(iter(client.connections))
+            assert conn.idle_limit == 0.5, "half of a short server timeout, as a margin"
+            await eventually(lambda: client.stats()["open"] == 0, 5, message="closed before the server's timeout")
             await client.aclose()
 
     run(body)
@@ -336,7 +496,9 @@ def test_connect_refused_is_connect_error() -> None:
     run(body)
 
 
-def test_read_timeouts() -> None:
+def test_deadlines_per_phase() -> None:
+    """The response head has its own deadline from the request; the body has one for each silence."""
+
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         if n == 2:  # the head, a piece of body, then silence
@@ -346,16 +508,40 @@ def test_read_timeouts() -> None:
 
     async def body() -> None:
         async with Server(slow) as server:
-            client = HttpClient(server.url, read_timeout_s=0.2)
+            client = HttpClient(server.url, response_timeout_s=0.2, read_timeout_s=30)
+            started = time.monotonic()
             with pytest.raises(TimeoutError) as info:
                 await client.request("POST", "/", b"{}")
-            assert isinstance(info.value, ReadTimeout)
+            assert isinstance(info.value, ResponseTimeout) and time.monotonic() - started < 5
+            client.response_timeout_s, client.read_timeout_s = 30, 0.2
             response = await client.request("POST", "/", b"{}")
             assert await response.read_chunk() == b"abc"
             with pytest.raises(ReadTimeout):
                 await response.read_chunk()
             response.release()
             assert client.stats()["slots"] == 0
+            await client.aclose()
+
+    run(body)
+
+
+def test_response_deadline_counts_from_the_request_not_from_each_byte() -> None:
+    """A server that dribbles its head a byte at a time cannot stretch the head's deadline."""
+
+    async def dribble_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        for byte in b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"p" * 500:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+
+    async def body() -> None:
+        async with Server(dribble_head) as server:
+            client = HttpClient(server.url, response_timeout_s=0.3, read_timeout_s=30)
+            started = time.monotonic()
+            with pytest.raises(ResponseTimeout):
+                await client.request("POST", "/", b"{}")
+            assert time.monotonic() - started < 3
             await client.aclose()
 
     run(body)
@@ -399,12 +585,14 @@ def test_cancelled_read_closes_the_connection() -> None:
             client = HttpClient(server.url)
             response = await client.request("POST", "/", b"{}")
 
+            pieces: list[bytes] = []
+
             async def read_all() -> None:
-                while await response.read_chunk():
-                    pass
+                while piece := await response.read_chunk():
+                    pieces.append(piece)
 
             task = asyncio.ensure_future(read_all())
-            await asyncio.sleep(0.05)
+            await eventually(lambda: len(pieces) >= 3, 5)  # reading, in the middle of the stream
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await asyncio.wait_for(server.eof.wait(), 2)
@@ -439,8 +627,8 @@ def test_pool_limit_is_respected_under_concurrency() -> None:
 
             # A request cancelled while waiting for a connection gives nothing away.
             tasks = [asyncio.ensure_future(one()) for _ in range(6)]
-            await asyncio.sleep(0.005)
-            tasks[4].cancel()
+            await eventually(lambda: client.stats()["waiting"] == 3, 5)
+            tasks[4].cancel()  # one of those waiting
             done = await asyncio.gather(*tasks, return_exceptions=True)
             assert done.count(b"done") == 5
             assert client.stats()["slots"] == 3 and client.stats()["waiting"] == 0
@@ -456,9 +644,10 @@ def test_flow_control_pauses_and_resumes_reading() -> None:
         async with serving(keep_alive(lambda r: ok(big))) as server:
             client = HttpClient(server.url, read_limit=64 * 1024)
             response = await client.request("GET", "/big")
-            await asyncio.sleep(0.1)  # the reader dawdles: the socket must not be read past the limit
             conn = next(iter(client.connections))
-            assert conn.paused and conn.buffered < 64 * 1024 + 300_000
+            # The reader dawdles: reading from the socket pauses instead of buffering the whole body.
+            await eventually(lambda: conn.paused, 5)
+            assert conn.buffered < 64 * 1024 + 300_000
             assert await response.read() == big
             response.release()
             assert client.stats()["idle"] == 1
@@ -470,12 +659,13 @@ def test_flow_control_pauses_and_resumes_reading() -> None:
 @pytest.mark.parametrize(
     "wire",
     [
-        b"HTTP/1.1 200 OK\r\nx-huge: " + b"a" * 10_000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx-huge: " + b"a" * 70_000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"x-many: a\r\n" * 7000 + b"\r\n",
         b"this is not http at all\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\nhello",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n",
     ],
-    ids=["oversized-head", "garbage", "two-lengths", "bad-chunk-size"],
+    ids=["oversized-head", "many-fields", "garbage", "two-lengths", "bad-chunk-size"],
 )
 def test_bad_responses_are_protocol_errors(wire: bytes) -> None:
     async def bad(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
@@ -486,7 +676,8 @@ def test_bad_responses_are_protocol_errors(wire: bytes) -> None:
 
     async def body() -> None:
         async with Server(bad) as server:
-            client = HttpClient(server.url, read_limit=4096)
+            # A head beyond 64 KiB fails although the body buffer (8 MiB) would hold it.
+            client = HttpClient(server.url)
             with pytest.raises(ProtocolError):
                 response = await client.request("GET", "/")
                 await response.read()
@@ -521,7 +712,7 @@ def test_extra_bytes_after_a_response_stop_reuse() -> None:
                 response = await client.request("GET", "/")
                 assert await response.read() == b"one"
                 response.release()
-                await asyncio.sleep(0.05)
+                await eventually(lambda: client.stats()["open"] == 0, 5, message="closed on unasked-for bytes")
             assert server.accepted == 2
             await client.aclose()
 
@@ -561,3 +752,349 @@ def test_headers_mapping() -> None:
     headers = Headers([(b"Content-Type", b"text/plain"), (b"SET-thing", b"a"), (b"set-thing", b"b")])
     assert dict(headers) == {"content-type": "text/plain", "set-thing": "a, b"}
     assert headers["CONTENT-TYPE"] == "text/plain" and headers.get("missing") is None and len(headers) == 2
+
+
+# Compressed bodies: identity is asked for; gzip and deflate sent anyway are decoded as read, bounded.
+
+
+def encoded(body: bytes, encoding: str) -> bytes:
+    return ok(body, f"content-encoding: {encoding}", "content-type: application/json")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [
+        ("gzip", gzip.compress),
+        ("deflate", zlib.compress),
+        ("deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some servers send it
+    ],
+    ids=["gzip", "deflate", "raw-deflate"],
+)
+def test_compressed_bodies_are_decoded(encoding: str, compress: Callable[[bytes], bytes]) -> None:
+    plain = b'{"text": "%s"}' % (b"word " * 5000)
+
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: encoded(compress(plain), encoding))) as server:
+            client = HttpClient(server.url)
+            for _ in range(2):
+                response = await client.request("POST", "/", b"{}")
+                assert response.content_type == "application/json"
+                assert await response.read() == plain
+                response.release()
+            assert server.accepted == 1, "a decoded body read to its end keeps the connection"
+            await client.aclose()
+
+    run(body)
+
+
+def test_compressed_stream_is_decoded_as_it_arrives() -> None:
+    got_first = asyncio.Event()
+
+    async def gzip_sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n")
+        packer = zlib.compressobj(wbits=31)
+        for i, event in enumerate([b"data: one\n\n", b"data: two\n\n"]):
+            piece = packer.compress(event) + packer.flush(zlib.Z_SYNC_FLUSH)
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            if i == 0:
+                await got_first.wait()  # the rest only once the client decoded the first event
+        tail = packer.flush()
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+        await writer.drain()
+        await read_request(reader)
+
+    async def body() -> None:
+        async with Server(gzip_sse) as server:
+            client = HttpClient(server.url)
+            response = await client.request("POST", "/", b"{}")
+            assert await response.read_chunk() == b"data: one\n\n"
+            got_first.set()
+            assert await response.read() == b"data: two\n\n"
+            response.release()
+            await client.aclose()
+
+    run(body)
+
+
+def test_a_compressed_body_cannot_fill_memory() -> None:
+    """16 MiB of zeros in a few KiB of gzip: decoded a bounded piece per read, never all at once."""
+    plain_size, limit = 16 * 1024 * 1024, 256 * 1024
+    bomb = gzip.compress(bytes(plain_size))
+
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: encoded(bomb, "gzip"))) as server:
+            client = HttpClient(server.url, read_limit=limit)
+            response = await client.request("GET", "/")
+            sizes = []
+            while piece := await response.read_chunk():
+                sizes.append(len(piece))
+            response.release()
+            assert sum(sizes) == plain_size and max(sizes) <= limit
+            await client.aclose()
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        encoded(b"anything", "br"),
+        encoded(b"this is not gzip", "gzip"),
+        encoded(gzip.compress(b"x" * 1000)[:-8], "gzip"),
+    ],
+    ids=["unsupported", "not-gzip", "cut-short"],
+)
+def test_undecodable_bodies_are_protocol_errors(wire: bytes) -> None:
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: wire)) as server:
+            client = HttpClient(server.url)
+            with pytest.raises(ProtocolError):
+                response = await client.request("GET", "/")
+                await response.read()
+            assert client.stats()["slots"] == 0
+            await client.aclose()
+
+    run(body)
+
+
+# Trailers
+
+
+def test_chunked_trailers_are_kept_apart_from_the_headers() -> None:
+    wire = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n"
+        b"5\r\nhello\r\n0\r\nx-checksum: abc\r\ncontent-type: text/html\r\n\r\n"
+    )
+
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: wire)) as server:
+            client = HttpClient(server.url)
+            for _ in range(2):
+                response = await client.request("GET", "/")
+                assert await response.read() == b"hello"
+                assert "x-checksum" not in response.headers and "content-type" not in response.headers
+                assert response.content_type == ""
+                assert dict(response.trailers) == {"x-checksum": "abc", "content-type": "text/html"}
+                response.release()
+            assert server.accepted == 1
+            await client.aclose()
+
+    run(body)
+
+
+def test_trailers_are_bounded_by_the_head_limit() -> None:
+    wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\nx-big: " + b"b" * 5000 + b"\r\n\r\n"
+
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: wire)) as server:
+            client = HttpClient(server.url, max_head_bytes=4096)
+            response = await client.request("GET", "/")
+            with pytest.raises(ProtocolError):
+                await response.read()
+            await client.aclose()
+
+    run(body)
+
+
+# TLS, against a real local TLS server with certificates made for the test
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A test CA, a server certificate for 127.0.0.1 and a client certificate, all signed by it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    d = tmp_path_factory.mktemp("pki")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    ca_extensions = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+    openssl(
+        "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test CA", *ca_extensions
+    )
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (d / f"{name}.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n")
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")  # fmt: skip
+    return d
+
+
+@contextlib.asynccontextmanager
+async def tls_server(pki: Path, require_client_cert: bool = False) -> AsyncIterator[Server]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki / "server.pem", pki / "server.key")
+    if require_client_cert:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(pki / "ca.pem")
+    server = Server(lambda r, w, n: asyncio.sleep(0))
+    server.handle = keep_alive(lambda r: ok(b"secure"))(server)
+    server.server = await asyncio.start_server(server._connection, "127.0.0.1", 0, ssl=context)
+    server.url = f"https://127.0.0.1:{server.server.sockets[0].getsockname()[1]}"
+    try:
+        yield server
+    finally:
+        server.server.close()
+
+
+async def fetch(client: HttpClient) -> bytes:
+    response = await client.request("GET", "/")
+    try:
+        return await response.read()
+    finally:
+        response.release()
+
+
+def test_tls_with_a_private_ca(pki: Path) -> None:
+    async def body() -> None:
+        async with tls_server(pki) as server:
+            client = HttpClient(server.url, ssl_context=tls_context(ca_file=str(pki / "ca.pem")))
+            assert [await fetch(client), await fetch(client)] == [b"secure", b"secure"]
+            assert server.accepted == 1
+            await client.aclose()
+
+            untrusting = HttpClient(server.url)  # the system's CAs do not know the test CA
+            with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await fetch(untrusting)
+            await untrusting.aclose()
+
+            unverified = HttpClient(server.url, ssl_context=tls_context(verify=False))
+            assert await fetch(unverified) == b"secure"
+            await unverified.aclose()
+
+    run(body)
+
+
+def test_tls_client_certificate(pki: Path) -> None:
+    async def body() -> None:
+        async with tls_server(pki, require_client_cert=True) as server:
+            ca = str(pki / "ca.pem")
+            anonymous = HttpClient(server.url, ssl_context=tls_context(ca_file=ca))
+            with pytest.raises((ConnectError, ProtocolError)):  # TLS 1.3: refused after the handshake
+                await fetch(anonymous)
+            await anonymous.aclose()
+
+            context = tls_context(ca_file=ca, cert_file=str(pki / "client.pem"), key_file=str(pki / "client.key"))
+            client = HttpClient(server.url, ssl_context=context)
+            assert await fetch(client) == b"secure"
+            await client.aclose()
+
+    run(body)
+
+
+# The adapters' side (http_base): what a response must be before its body is read as the engine's
+
+
+class Plain(HttpBackend):
+    """The smallest adapter: POST, and the body as one chunk."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        async with self.open_stream(request, "/generate", {"prompt": request.prompt}) as response:
+            yield Chunk(text=(await self._read(response, request.clock)).decode(), finish_reason="stop")
+
+
+async def generate_once(url: str, request_id: str = "req-1") -> list[Chunk]:
+    backend = Plain("plain", "m", HttpSettings(url=url, served_model="m"))
+    try:
+        return [c async for c in backend.generate(GenerationRequest(request_id, "m", prompt="hi"))]
+    finally:
+        await backend.aclose()
+
+
+def generation_error(wire: bytes) -> tuple[BackendError, list[Request]]:
+    async def body() -> tuple[BackendError, list[Request]]:
+        async with serving(keep_alive(lambda r: wire)) as server:
+            with pytest.raises(BackendError) as info:
+                await generate_once(server.url)
+            return info.value, server.requests
+
+    return run(body)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_a_protocol_error_naming_status_and_location(status: int) -> None:
+    wire = b"HTTP/1.1 %d Moved\r\nlocation: https://sso.example/login\r\ncontent-length: 0\r\n\r\n" % status
+    error, requests = generation_error(wire)
+    assert error.kind is ErrorKind.PROTOCOL
+    assert str(status) in error.message and "https://sso.example/login" in error.message
+    assert len(requests) == 1, "not followed"
+
+
+def test_an_html_page_on_success_is_a_protocol_error() -> None:
+    error, _ = generation_error(
+        ok(b"<html><body>Please log in</body></html>", "content-type: text/html; charset=utf-8")
+    )
+    assert error.kind is ErrorKind.PROTOCOL and "text/html" in error.message
+
+
+def test_the_request_id_is_forwarded_to_the_engine() -> None:
+    async def body() -> None:
+        async with serving(keep_alive(lambda r: ok(b"fine", "content-type: application/json"))) as server:
+            assert (await generate_once(server.url, request_id="abc-123"))[0].text == "fine"
+            await generate_once(server.url, request_id="bad\r\ninjected: 1")
+            first, second = server.requests
+            assert first.headers["x-request-id"] == "abc-123"
+            assert "x-request-id" not in second.headers and "injected" not in second.headers
+
+    run(body)
+
+
+def test_a_request_the_engine_may_have_run_is_a_retryable_error_not_a_resend() -> None:
+    """The adapter sees a request whose connection closed before any response as an engine fault that
+    another backend may retry, and the transport never sent it twice."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+
+    async def body() -> None:
+        async with Server(hang_up) as server:
+            backend = Plain("plain", "m", HttpSettings(url=server.url, served_model="m"))
+            with pytest.raises(BackendError) as info:
+                [c async for c in backend.generate(GenerationRequest("r", "m", prompt="hi"))]
+            assert info.value.kind is ErrorKind.PROTOCOL and info.value.retryable and info.value.engine_fault
+            assert "no response" in info.value.message and server.accepted == 1
+            assert backend.transport_retries == 0
+            await backend.aclose()
+
+    run(body)
+
+
+def test_tls_settings_from_the_config_file(pki: Path, tmp_path: Path) -> None:
+    """``tls:`` on an https backend: paths relative to the config file, the CA trusted, the client
+    certificate presented; mistakes are config errors."""
+    shutil.copy(pki / "ca.pem", tmp_path / "ca.pem")
+
+    def config(url: str, tls: str) -> Path:
+        path = tmp_path / "gateway.yaml"
+        path.write_text(
+            "models: [{name: m, params_b: 1}]\n"
+            f"backends: [{{name: b, engine: vllm, model: m, url: '{url}', idle_timeout_s: 2.5, tls: {tls}}}]\n"
+        )
+        return path
+
+    client_cert = f"cert_file: '{pki / 'client.pem'}', key_file: '{pki / 'client.key'}'"
+
+    async def body() -> None:
+        async with tls_server(pki, require_client_cert=True) as server:
+            loaded = load_config(config(server.url, f"{{ca_file: ca.pem, {client_cert}}}"))
+            backend = build_backend(loaded.config.backends[0], loaded)
+            assert isinstance(backend, HttpBackend) and backend.settings.idle_timeout_s == 2.5
+            assert await backend.probe("/health") == (200, b"secure")
+            await backend.aclose()
+
+    run(body)
+
+    def problems(url: str, tls: str) -> str:
+        with pytest.raises(ConfigError) as info:
+            loaded = load_config(config(url, tls))
+            build_backend(loaded.config.backends[0], loaded)
+        return "\n".join(info.value.problems)
+
+    assert "key_file needs cert_file" in problems("https://e:1", "{key_file: k.pem}")
+    assert "ca_file is unused with verify: false" in problems("https://e:1", "{ca_file: ca.pem, verify: false}")
+    assert "tls needs an https:// url" in problems("http://e:1", "{verify: false}")
+    assert "backend b: tls:" in problems("https://e:1", "{ca_file: missing.pem}")

@@ -96,3 +96,10 @@ def test_full_queue_is_overloaded_and_slots_are_released() -> None:
         workers.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_characters_the_decoder_completes_at_the_end_are_sent_even_if_they_begin_a_stop() -> None:
+    # A lone UTF-8 lead byte decodes to U+FFFD only at the end; a stop beginning with it must not swallow it.
+    asm = TextAssembler(PIECES, ["\ufffdEND"])
+    assert asm.feed(0) + asm.feed(4) == "Hel"
+    assert asm.flush() == "\ufffd"

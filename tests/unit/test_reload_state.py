@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from backends.base import Backend
+from backends.base import Backend, Load
 from gateway.config import BackendConfig, LoadedConfig, load_config
 from gateway.state import AppState
 from tests.conftest import write_config
 from tests.fakes import ScriptedBackend
+from tests.polling import eventually
 
 CONFIG = """
 models: [{name: m, gguf: "{GGUF}"}]
@@ -31,7 +32,7 @@ def test_reload_keeps_unchanged_backends_and_retires_the_rest(tmp_path: Path) ->
         path = write_config(tmp_path / "c.yaml", CONFIG % 4)
         state = AppState(load_config(path), factory)
         keep = state.fleet.entries["keep"]
-        state.fleet.succeeded("keep", 10.0, 20.0, 1.5)
+        state.fleet.succeeded(keep, 10.0, 20.0, 1.5)
         learned = keep.observed
         old_change = state.fleet.entries["change"].backend
         write_config(path, (CONFIG % 8).replace("  - {name: drop, engine: ctranslate2, model: m}\n", ""))
@@ -39,7 +40,7 @@ def test_reload_keeps_unchanged_backends_and_retires_the_rest(tmp_path: Path) ->
         assert state.fleet.entries["keep"] is keep and keep.observed == learned and learned.samples == 1
         assert state.fleet.entries["change"].backend is not old_change
         assert "drop" not in state.fleet.entries
-        await asyncio.sleep(0.2)  # retired backends close once idle
+        await eventually(lambda: built[1].closed and built[2].closed, timeout=5)  # retired ones close once idle
         assert [(b.name, b.closed) for b in built] == [
             ("keep", False),
             ("change", True),
@@ -50,5 +51,64 @@ def test_reload_keeps_unchanged_backends_and_retires_the_rest(tmp_path: Path) ->
         problems = await state.reload()
         assert problems and problems[0].startswith(f"{path}:")
         assert state.fleet.entries["keep"] is keep and set(state.fleet.entries) == {"keep", "change"}
+
+    asyncio.run(scenario())
+
+
+def test_a_rebuilt_backend_is_healthy_at_once_and_the_old_one_closes_after_its_last_request(tmp_path: Path) -> None:
+    """In-flight counts live on the entry a request went to (issue 11.8: keyed by name, a second
+    reload closed a live stream and the old pools stayed open for 600 s; new backends took 503s
+    until the next poll)."""
+    built: list[ScriptedBackend] = []
+
+    def factory(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
+        built.append(ScriptedBackend(cfg.name, cfg.model))
+        return built[-1]
+
+    async def scenario() -> None:
+        path = write_config(tmp_path / "c.yaml", CONFIG % 4)
+        state = AppState(load_config(path), factory)
+        fleet = state.fleet
+        first = fleet.entries["change"]
+        fleet.sending(first, 10)  # a request streaming from the first build
+        write_config(path, CONFIG % 8)
+        assert await state.reload() == []
+        second = fleet.entries["change"]
+        assert second is not first and second.health.ok  # polled before it took traffic
+        assert fleet.ready and "change" in {c.name for c in fleet.targets(["change"])}
+        fleet.sending(second, 10)  # and one on the second build
+        write_config(path, CONFIG % 16)
+        assert await state.reload() == []
+        one, two, three = (b for b in built if b.name == "change")
+        assert not one.closed and not two.closed  # both still answering
+        fleet.end(first, 10)
+        fleet.end(second, 10)
+        await eventually(lambda: one.closed and two.closed, timeout=5)
+        assert first.in_flight == second.in_flight == 0
+        assert not three.closed and fleet.entries["change"].backend is three
+        await fleet.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_that_reports_waiting_requests_shows_them_as_waiting(tmp_path: Path) -> None:
+    """The engine's own split wins: 10 sent, it runs 2 and queues 8 (issue 11.2: shown 10 running)."""
+
+    class Capped(ScriptedBackend):
+        async def load(self) -> Load | None:
+            return Load(running=2, waiting=8)
+
+    async def scenario() -> None:
+        path = write_config(tmp_path / "c.yaml", CONFIG % 64)
+        state = AppState(load_config(path), lambda cfg, loaded: Capped(cfg.name, cfg.model))
+        entry = state.fleet.entries["keep"]
+        for _ in range(10):
+            state.fleet.sending(entry, 1)
+        await state.fleet.poll_once()
+        for _ in range(2):  # two more sent since the poll
+            state.fleet.sending(entry, 1)
+        seen = next(b for b in state.fleet.snapshot().backends if b.name == "keep")
+        assert (seen.running, seen.waiting, seen.engine_slots) == (2, 10, 2)
+        await state.fleet.aclose()
 
     asyncio.run(scenario())

@@ -7,6 +7,7 @@ choices follow from prefill FLOP/s, decode bandwidth, memory, load and cost.
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -117,19 +118,43 @@ def test_a_loaded_backend_loses_traffic_to_an_idle_one() -> None:
     assert decision.candidates[1].prediction.queue_ms > 0
 
 
-def test_a_recovering_backend_gets_traffic_back_gradually() -> None:
+def test_a_recovering_backend_gets_a_share_of_requests_even_when_they_are_identical() -> None:
+    """The gate is drawn per request: a thousand copies of one prompt get the share too (a gate
+    hashed from the prompt admitted none of them, issue 11.3)."""
     twins = [backend(f"b{i}", "vllm", "A100-80GB") for i in range(2)]
+    rng = random.Random(7)
     shares = []
     for recovery in (0.1, 0.5, 1.0):
         recovering = replace(twins[0], breaker=Breaker.HALF_OPEN, recovery=recovery)
         hits = sum(
-            "b0" in [c.backend for c in choose(ask(prefix_hash=i), snap(recovering, twins[1]), Rules()).candidates]
-            for i in range(1000)
+            "b0" in [c.backend for c in choose(ask(gate=rng.random()), snap(recovering, twins[1]), Rules()).candidates]
+            for _ in range(1000)
         )
         shares.append(hits / 1000)
     assert shares[0] == pytest.approx(0.1, abs=0.04)
     assert shares[1] == pytest.approx(0.5, abs=0.06)
     assert shares[2] == 1.0
+
+
+def test_a_lone_recovering_backend_takes_every_request_as_its_probe() -> None:
+    lone = replace(backend("b0", "vllm", "A100-80GB"), breaker=Breaker.HALF_OPEN, recovery=0.1)
+    decision = choose(ask(gate=0.99), snap(lone), Rules())
+    assert [c.backend for c in decision.candidates] == ["b0"] and decision.excluded == {}
+
+
+def test_an_engine_that_reports_a_queue_is_predicted_to_queue() -> None:
+    """An engine capped below its configured concurrency (2 running, 8 waiting) queues the next request
+    (issue 11.2: predicted 243 ms, real 10 s); an idle twin wins a tight budget."""
+    queued = replace(backend("q", "vllm", "A100-80GB"), running=2, waiting=8, engine_slots=2)
+    idle = backend("idle", "vllm", "A100-80GB")
+    decision = choose(ask(ttft_budget_ms=500), snap(queued, idle), Rules())
+    by_name = {c.backend: c for c in decision.candidates}
+    assert by_name["q"].prediction.queue_ms > 0 and by_name["idle"].prediction.queue_ms == 0
+    assert decision.candidates[0].backend == "idle"
+
+
+def test_an_open_breaker_excludes_its_backend() -> None:
+    twins = [backend(f"b{i}", "vllm", "A100-80GB") for i in range(2)]
     assert choose(ask(), snap(replace(twins[0], breaker=Breaker.OPEN), twins[1]), Rules()).excluded == {
         "b0": "circuit breaker open"
     }
@@ -247,3 +272,27 @@ def test_a_hopeless_request_takes_the_cheapest_capacity_not_the_fastest() -> Non
     # within twice the budget somewhere, it still goes where it misses least: it may yet make it
     near = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in FLEET) / 1.5
     assert choose(ask(ttft_budget_ms=near), snap(*FLEET), Rules()).candidates[0].backend == "trt-h100"
+
+
+def test_a_request_that_would_queue_past_the_admission_limit_is_shed_with_a_retry_after() -> None:
+    """500 streams on an engine running 4 at a time: shed at once, not a 504 a minute later (issue 12.4)."""
+    busy = replace(backend("b0", "vllm", "A100-80GB"), running=4, waiting=496, engine_slots=4)
+    rules = Rules(max_queue_wait_ms=20_000)
+    decision = choose(ask(), snap(busy), rules)
+    assert decision.reason is Reason.OVERLOADED and not decision.candidates
+    assert decision.retry_after_s is not None and decision.retry_after_s >= 1
+    assert decision.excluded["b0"].startswith("queue full")
+    assert choose(ask(), snap(busy), Rules()).candidates, "no admission limit configured: queued as before"
+
+
+def test_low_priority_requests_are_shed_first() -> None:
+    wait = predict_queue_ms(replace(backend("b0", "vllm", "A100-80GB"), running=4, waiting=40, engine_slots=4))
+    busy = replace(backend("b0", "vllm", "A100-80GB"), running=4, waiting=40, engine_slots=4)
+    rules = Rules(max_queue_wait_ms=wait * 0.8)  # the queue is a little past the limit
+    assert choose(ask(priority=-1), snap(busy), rules).reason is Reason.OVERLOADED
+    assert choose(ask(priority=0), snap(busy), rules).reason is Reason.OVERLOADED
+    assert choose(ask(priority=1), snap(busy), rules).candidates  # may wait twice the limit
+
+
+def predict_queue_ms(state: BackendState) -> float:
+    return choose(ask(), snap(state), Rules()).candidates[0].prediction.queue_ms

@@ -1,0 +1,114 @@
+"""Graceful drain on SIGTERM, in one process or in each worker of ``serve --workers N``.
+
+SIGTERM: ``/readyz`` answers 503 at once and responses stop keeping connections alive; after
+``server.drain_delay_s`` (load balancers notice meanwhile) the listener closes, so new
+connections are refused; requests in flight get ``server.shutdown_grace_s``; then the generation
+requests still running are cancelled, which stops their engine work and ends each with an error
+(streams: an SSE error event and ``[DONE]``). The process exits 0. SIGINT drains without the delay;
+a second SIGINT skips the grace.
+
+uvicorn's server does the closing and waiting; this module replaces its signal handler (uvicorn
+installs it before it loads the app, so ``attach`` runs from the app factory) and adds the delay
+and the ending of requests. uvicorn's own graceful timeout is set a little longer
+(``SETTLE_S``) and only cancels what is left after that (no generation request is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from types import FrameType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from gateway.app import Gateway, from_environment
+
+log = logging.getLogger("enginegate.drain")
+
+SETTLE_S = 3.0
+"""After the grace, what the ended requests get to send their last words before uvicorn cancels."""
+_SHARED_CLOSE_S = 0.3
+
+
+class Drain:
+    def __init__(self, server: uvicorn.Server, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.gateway = gateway
+        self.loop = loop
+        cfg = gateway.state.config.server
+        self.delay_s = cfg.drain_delay_s
+        self.grace_s = cfg.shutdown_grace_s
+        self._stopping = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: only flags here, the rest runs on the loop.
+        state = self.gateway.state
+        if not state.draining:
+            state.draining = True
+            self.loop.call_soon_threadsafe(self._begin, sig)
+        elif sig == signal.SIGINT:
+            if self.server.should_exit:
+                self.server.force_exit = True  # as uvicorn does: a second Ctrl-C stops waiting
+            self.loop.call_soon_threadsafe(self._stop)
+
+    def _begin(self, sig: int) -> None:
+        delay = self.delay_s if sig == signal.SIGTERM else 0.0
+        log.info(
+            "draining: /readyz answers 503; new connections refused in %.1f s; requests in flight get %.1f s more",
+            delay, self.grace_s,
+        )  # fmt: skip
+        self.loop.call_later(delay, self._stop)
+
+    def _stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self.server.should_exit = True  # uvicorn closes the listener on its next tick (0.1 s)
+        if self.server.config.workers > 1:
+            # Copies taken now: uvicorn forgets its listeners when it closes them.
+            shared = [
+                socket.socket(fileno=os.dup(sock.fileno()))
+                for srv in getattr(self.server, "servers", [])
+                for sock in srv.sockets or ()
+            ]
+            self.loop.call_later(_SHARED_CLOSE_S, self._close_shared_listener, shared)
+        self.loop.call_later(self.grace_s + 0.1, self._end)
+
+    @staticmethod
+    def _close_shared_listener(shared: list[socket.socket]) -> None:
+        """Workers share the parent's listening socket, which stays open in the parent after each worker
+        closed its own copy: new connections would wait in its backlog unanswered. Shutting the socket
+        down (it is one socket in every process) makes them refused instead."""
+        for sock in shared:
+            with contextlib.suppress(OSError), sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _end(self) -> None:
+        ended = self.gateway.end_requests()
+        if ended:
+            log.warning("shutdown grace over: ended %d requests still running", ended)
+
+
+def attach(app: ASGIApp) -> ASGIApp:
+    """Take over the running uvicorn server's SIGTERM/SIGINT handling for ``app`` (a ``Gateway``).
+    Call it while uvicorn loads the app (from an app factory)."""
+    server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    if isinstance(server, uvicorn.Server) and isinstance(app, Gateway):
+        Drain(server, app, asyncio.get_running_loop()).install()
+    else:
+        log.warning("no graceful drain: not started by enginegate serve")
+    return app
+
+
+def worker_app() -> ASGIApp:
+    """The app factory of each ``serve --workers`` process."""
+    return attach(from_environment())

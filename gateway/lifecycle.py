@@ -1,0 +1,211 @@
+"""One owner of a generation request's bookkeeping, from arrival to its last byte.
+
+``RequestLife`` is the dispatcher's tracker (every attempt: sent, first token,
+failed, ended, counted on the fleet entry it went to), and it records how the
+request ended exactly once: the estimator learns from successes, the breaker
+from engine faults (never from the gateway's own bugs, a bad request or an
+overload), the metrics count every response with its status class (refusals
+before routing included), and one log line carries the request id. Error
+responses get the same ``x-enginegate-*`` headers as answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, cast
+
+from backends.base import BackendError, Usage
+from gateway.dispatch import Committed, Target
+from gateway.fleet import Entry
+from routing.types import Decision
+
+if TYPE_CHECKING:
+    from gateway.errors import ApiError
+    from gateway.state import AppState
+    from gateway.streaming import Exchange
+
+log = logging.getLogger("enginegate.request")
+
+
+def status_class(status: int | None) -> str:
+    return "none" if status is None else f"{status // 100}xx"
+
+
+class RequestLife:
+    def __init__(self, state: AppState, chat: bool, ex: Exchange, started: float) -> None:
+        self.state = state
+        self.route = "chat" if chat else "completions"
+        self.chat = chat
+        self.ex = ex
+        self.started = started
+        self.model = "none"
+        self.stream = False
+        self.decision: Decision | None = None
+        self.entry: Entry | None = None
+        self.ttft_s = 0.0
+        self.first_at = 0.0
+        self.failures: list[tuple[str, BackendError]] = []
+        self.attempts = 0
+        self.engine_wait_s = 0.0
+        self._ended = False
+        state.metrics.started(self.route)
+
+    @property
+    def backend(self) -> str:
+        """The committed backend, else the last one tried (its failure is this request's error)."""
+        if self.entry is not None:
+            return self.entry.name
+        return self.failures[-1][0] if self.failures else "none"
+
+    # The dispatcher's tracker: every attempt, as it happens.
+    def sending(self, target: Target, prompt_tokens: int) -> None:
+        self.attempts += 1
+        self.state.fleet.sending(cast(Entry, target), prompt_tokens)
+
+    def first_token(self, target: Target, prompt_tokens: int) -> None:
+        self.state.fleet.first_token(cast(Entry, target), prompt_tokens)
+
+    def failed(self, target: Target, error: BackendError) -> None:
+        self.failures.append((target.name, error))
+        self.state.metrics.attempt(target.name, error.kind.value)
+        if error.engine_fault:
+            self.state.fleet.failed(cast(Entry, target))
+        log.warning(
+            "attempt failed",
+            extra={
+                "request_id": self.ex.request_id,
+                "backend": target.name,
+                "kind": error.kind.value,
+                "error": error.detail[:1000],
+            },
+        )
+
+    def end(self, target: Target, prompt_tokens: int = 0) -> None:
+        self.state.fleet.end(cast(Entry, target), prompt_tokens)
+
+    # How the request goes on and ends.
+    def routed(self, model: str, decision: Decision, stream: bool) -> None:
+        self.model, self.decision, self.stream = model, decision, stream
+        self.ex.header("x-enginegate-route", decision.reason.value)
+        if decision.rule:
+            self.ex.header("x-enginegate-rule", decision.rule)
+
+    def committed(self, committed: Committed) -> None:
+        entry = committed.target
+        assert isinstance(entry, Entry)
+        self.entry = entry
+        self.first_at = time.perf_counter()
+        self.ttft_s = self.first_at - self.started
+        self.state.metrics.attempt(entry.name, "ok")
+        if self.failures:
+            self.state.metrics.failover(self.model)
+        self.ex.header("x-enginegate-backend", entry.name)
+
+    def overhead_header(self, engine_wait_s: float) -> None:
+        """The request's time in the gateway so far minus the time it waited on its engine."""
+        self.engine_wait_s = engine_wait_s
+        seconds = max(0.0, time.perf_counter() - self.started - engine_wait_s)
+        self.state.metrics.overhead(self.chat, seconds)
+        self.ex.header("x-enginegate-overhead-ms", f"{seconds * 1000:.3f}")
+
+    def answered(self, usage: Usage | None, cancelled: bool = False) -> None:
+        """The committed backend's answer ended: whole, or cut short because the client left."""
+        entry = self.entry
+        assert entry is not None
+        self.state.fleet.end(entry)
+        if not self._open():
+            return
+        tokens = usage.completion_tokens if usage else 0
+        tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
+        decision = self.decision
+        predicted = None
+        if decision is not None:
+            predicted = next((c.prediction.prior_ttft_ms for c in decision.candidates if c.backend == entry.name), None)
+        ttft_ms = self.ttft_s * 1000
+        self.state.fleet.succeeded(
+            entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000
+        )
+        if usage is not None and not cancelled:
+            self.state.metrics.answered(
+                self.chat, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,
+                usage.prompt_tokens, usage.completion_tokens,
+            )  # fmt: skip
+        self._record("cancelled" if cancelled else "ok", 200, usage, None)
+
+    def broke(self, error: BackendError | None, usage: Usage | None = None) -> None:
+        """A committed stream failed after its first byte: the engine (``error``), or the gateway (None)."""
+        entry = self.entry
+        assert entry is not None
+        self.state.fleet.end(entry)
+        if error is not None:
+            self.state.metrics.attempt(entry.name, error.kind.value)
+            if error.engine_fault:
+                self.state.fleet.failed(entry)
+        if self._open():
+            log.warning(
+                "stream failed after commit",
+                extra={
+                    "request_id": self.ex.request_id,
+                    "backend": entry.name,
+                    "kind": error.kind.value if error else "internal",
+                    "error": error.detail[:1000] if error else None,
+                },
+            )
+            self._record("error", 200, usage, error)
+
+    def refused(self, error: ApiError, cause: BackendError | None = None) -> None:
+        """The request ends with an error response (before any answer was sent)."""
+        if self.entry is None and self.failures:
+            self.ex.header("x-enginegate-backend", self.backend)
+        self.overhead_header(self.engine_wait_s)
+        if self._open():
+            self._record("error", error.status, None, cause, error.code)
+
+    def left(self) -> None:
+        """The client went away before an answer started (nothing is sent)."""
+        if self._open():
+            self._record("cancelled", None, None, None)
+
+    def crashed(self) -> None:
+        """The gateway failed before answering (it answers 500)."""
+        if self._open():
+            self._record("error", 500, None, None, "internal_error")
+
+    def _open(self) -> bool:
+        """True the first time: a request ends once."""
+        if self._ended:
+            return False
+        self._ended = True
+        return True
+
+    def _record(
+        self, outcome: str, status: int | None, usage: Usage | None, error: BackendError | None, code: str | None = None
+    ) -> None:
+        backend = self.backend
+        self.state.metrics.request(self.chat, self.model, backend, outcome, status_class(status))
+        if not log.isEnabledFor(logging.INFO):
+            return
+        decision = self.decision
+        log.info(
+            "request",
+            extra={
+                "request_id": self.ex.request_id,
+                "route": self.route,
+                "model": self.model,
+                "backend": backend,
+                "route_reason": decision.reason.value if decision else None,
+                "rule": decision.rule if decision else None,
+                "outcome": outcome,
+                "status": status,
+                "code": code,
+                "error_kind": error.kind.value if error else None,
+                "stream": self.stream,
+                "attempts": self.attempts,
+                "ttft_ms": round(self.ttft_s * 1000, 3) if self.entry is not None else None,
+                "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+                "engine_wait_ms": round(self.engine_wait_s * 1000, 3),
+                "prompt_tokens": usage.prompt_tokens if usage else None,
+                "completion_tokens": usage.completion_tokens if usage else None,
+            },
+        )
