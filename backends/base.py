@@ -163,3 +163,12 @@ class TokenCounting(Protocol):
     """Optional: engines that count what they generated themselves (in-process engines)."""
 
     generated_tokens: int
+
+
+@runtime_checkable
+class Resending(Protocol):
+    """Optional: engines reached over pooled connections, which count requests written again on a
+    fresh connection after a stale one refused the first write (never one the engine may have run)."""
+
+    @property
+    def transport_retries(self) -> int: ...

@@ -34,8 +34,10 @@ from backends.prom_text import LoadMap, read_load
 from backends.sse import Event, EventParser
 from backends.text import ChatRenderer, sized_work
 
-# Most body bytes held unread from an engine (a final SSE event can carry a whole long answer).
-READ_BUFFER = 8 * 1024 * 1024
+# Most body bytes held unread from an engine before reading from its socket pauses: flow control, not a
+# size limit (bodies and events of any size are read piecewise). Small, so a client that reads slowly
+# holds little of the engine's output in the gateway (8 MiB here cost 13 MB per stalled reader).
+READ_BUFFER = 256 * 1024
 # Largest response head (or chunked trailers) accepted from an engine.
 HEAD_LIMIT = 64 * 1024
 

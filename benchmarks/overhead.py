@@ -37,6 +37,9 @@ class Run:
     p50_ms: float
     p99_ms: float
     errors: int
+    requests: int = 0
+    socket_errors: int = 0
+    """Connect, read and write errors and timeouts."""
 
 
 def _ms(value: str) -> float:
@@ -53,11 +56,15 @@ def wrk(url: str, body: str, concurrency: int, duration: float) -> Run:
     script.unlink()
     pct = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    requests = re.search(r"^\s+(\d+) requests in", out, re.M)
+    sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     return Run(
         rps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
         p50_ms=_ms(pct["50"]),
         p99_ms=_ms(pct["99"]),
         errors=int(errors.group(1)) if errors else 0,
+        requests=int(requests.group(1)) if requests else 0,
+        socket_errors=sum(int(n) for n in sockets.groups()) if sockets else 0,
     )
 
 
@@ -91,6 +98,37 @@ def header_median(url: str, body: dict[str, object], n: int = 300) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def start_fake_engine(port: int, relay_port: int | None = None) -> list[subprocess.Popen[bytes]]:
+    """The fake engine on ``port`` (and the bare TCP relay to it on ``relay_port``)."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "FAKE_TOKENS": str(TOKENS)}
+    cmd = [str(bin_dir / "uvicorn"), "benchmarks.fake_engine:app", "--port", str(port), "--no-access-log",
+           "--log-level", "warning"]  # fmt: skip
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
+    if relay_port is not None:
+        procs.append(
+            subprocess.Popen([sys.executable, str(ROOT / "benchmarks/tcp_relay.py"), str(relay_port), str(port)])
+        )
+    wait_for(f"http://127.0.0.1:{port}/health")
+    return procs
+
+
+def start_gateway(engine: str, model: str, port: int) -> subprocess.Popen[bytes]:
+    """enginegate in front of ``engine``, ready to serve."""
+    config = Path(tempfile.mkdtemp()) / "bench.yaml"
+    config.write_text(
+        f"models: [{{name: {model}, params_b: 8}}]\n"
+        f"backends: [{{name: fake, engine: vllm, url: '{engine}', model: {model}, gpu: H100}}]\n"
+    )
+    bin_dir = Path(sys.executable).parent
+    gw = subprocess.Popen(
+        [str(bin_dir / "enginegate"), "serve", "--config", str(config), "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+    )
+    wait_for(f"http://127.0.0.1:{port}/readyz")
+    return gw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0)
@@ -101,50 +139,29 @@ def main() -> None:
     parser.add_argument("--gateway-port", type=int, default=8302)
     parser.add_argument("--relay-port", type=int, default=8303)
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    parser.add_argument(
+        "--soak", type=float, metavar="SECONDS", help="instead: a soak run this long (benchmarks/soak.py)"
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is missing: apt-get install wrk")
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "FAKE_TOKENS": str(TOKENS)}
-    procs = [
-        subprocess.Popen(
-            [
-                str(bin_dir / "uvicorn"),
-                "benchmarks.fake_engine:app",
-                "--port",
-                str(args.engine_port),
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-        ),
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "benchmarks/tcp_relay.py"), str(args.relay_port), str(args.engine_port)]
-        ),
-    ]
+    if args.soak:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.soak import soak
+
+        soak(args.soak, args.model, args.engine_port, args.gateway_port, args.out)
+        return
+    procs = start_fake_engine(args.engine_port, args.relay_port)
     engine = f"http://127.0.0.1:{args.engine_port}"
     gateway_pid = None
     try:
-        wait_for(f"{engine}/health")
         if args.gateway_url:
             gateway = args.gateway_url.rstrip("/")
         else:
-            config = Path(tempfile.mkdtemp()) / "bench.yaml"
-            config.write_text(
-                f"models: [{{name: {args.model}, params_b: 8}}]\n"
-                f"backends: [{{name: fake, engine: vllm, url: '{engine}', model: {args.model}, gpu: H100}}]\n"
-            )
-            gw = subprocess.Popen(
-                [str(bin_dir / "enginegate"), "serve", "--config", str(config), "--port", str(args.gateway_port),
-                 "--log-level", "warning"],
-                cwd=ROOT,
-            )  # fmt: skip
+            gw = start_gateway(engine, args.model, args.gateway_port)
             procs.append(gw)
             gateway_pid = gw.pid
             gateway = f"http://127.0.0.1:{args.gateway_port}"
-            wait_for(f"{gateway}/readyz")
         rows = []
         for stream in (False, True):
             body = json.dumps({"model": args.model, "messages": [{"role": "user", "content": "hi"}], "stream": stream})

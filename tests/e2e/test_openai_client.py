@@ -161,7 +161,8 @@ def test_malformed_json_and_wrong_types_get_clear_errors_and_server_keeps_servin
     gateway: GatewayProcess, client: openai.OpenAI
 ) -> None:
     url = f"{gateway.base_url}/v1/chat/completions"
-    bad_json = httpx.post(url, content=b'{"model": "enginegate-demo", "messages": [', timeout=10)
+    broken = b'{"model": "enginegate-demo", "messages": ['
+    bad_json = httpx.post(url, content=broken, headers={"content-type": "application/json"}, timeout=10)
     assert bad_json.status_code == 400
     assert bad_json.json()["error"]["code"] == "invalid_json"
     assert bad_json.headers["x-request-id"]

@@ -38,7 +38,8 @@ def test_a_failed_recovery_doubles_the_cooldown_up_to_its_cap_and_closing_resets
         while b.current()[0] is Breaker.OPEN:
             clock.now += 0.25
         waits.append(clock.now - start)
-        b.failure()  # the probe fails: open again, for longer
+        b.failure()  # the probes fail: open again, for longer
+        b.failure()
     assert waits == [1.0, 2.0, 4.0, 4.0]
     while b.current()[0] is Breaker.OPEN:
         clock.now += 0.25
@@ -56,3 +57,25 @@ def test_successes_between_failures_keep_it_closed() -> None:
         b.failure()
         b.success()
     assert b.current()[0] is Breaker.CLOSED
+
+
+def test_one_stray_failure_while_recovering_is_forgiven_two_that_outnumber_successes_are_not() -> None:
+    clock = Clock()
+    b = CircuitBreaker("e", threshold=1, clock=clock)
+    b.failure()
+    clock.now = 1.0
+    assert b.current()[0] is Breaker.HALF_OPEN
+    b.failure()  # a fault of one request, not of the engine
+    b.success()
+    b.success()
+    b.failure()  # two failures, two successes: still recovering
+    assert b.current()[0] is Breaker.HALF_OPEN
+    b.success()
+    b.success()
+    assert b.current()[0] is Breaker.CLOSED
+    b.failure()
+    clock.now = 2.0
+    assert b.current()[0] is Breaker.HALF_OPEN
+    b.failure()
+    b.failure()
+    assert b.current()[0] is Breaker.OPEN
