@@ -132,8 +132,8 @@ def soak(seconds: float, model: str, engine_port: int, gateway_port: int, out: P
         "",
         f"Requests completed by wrk: {served:,}; wrk errors (non-2xx, socket errors, timeouts): {errors}; "
         f"streams left early: {counts['left']:,} ({counts['failed']} failed); "
-        f"counted ok by the gateway: {ok_counted:,.0f} (wrk's plus the cut-short final ones in flight at each "
-        "round's end, which wrk does not count).",
+        f"counted ok by the gateway: {ok_counted:,.0f} (wrk's, plus streams left early that the engine had "
+        "already finished, plus those in flight at each round's end, which wrk does not count).",
         f"After warm-up to the end: RSS {base.rss_mb:.1f} -> {end.rss_mb:.1f} MB, fds {base.fds} -> {end.fds}, "
         f"tasks {base.tasks:.0f} -> {end.tasks:.0f}: {'flat' if flat else 'NOT FLAT'}; "
         f"{'nothing lost' if errors == 0 and counts['failed'] == 0 else 'REQUESTS LOST'}.",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -13,7 +12,7 @@ from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationReq
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT
 from tests.contract.control import GENERIC_FAULTS, FakeControl
 from tests.contract.subjects import ALL, Subject, closed_port_url, subject
-from tests.polling import eventually, wait_until
+from tests.polling import eventually, eventually_async, settles, wait_until
 
 T = TypeVar("T")
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -90,22 +89,6 @@ def test_max_tokens_reached_is_length_with_usage(subj: Subject) -> None:
         assert usage.completion_tokens > 0 and usage.prompt_tokens > 0
 
 
-def settled(read: Callable[[], float], quiet_s: float = 0.4, timeout: float = 10.0) -> float:
-    """``read()`` once it has stopped changing for ``quiet_s``; fails if it keeps changing until ``timeout``
-    (an engine still generating)."""
-    last, since = read(), time.monotonic()
-
-    def quiet() -> bool:
-        nonlocal last, since
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        return time.monotonic() - since >= quiet_s
-
-    wait_until(quiet, timeout=timeout, interval=0.05, message="the engine kept generating after the stream was closed")
-    return last
-
-
 def test_cancellation_reaches_the_engine(subj: Subject) -> None:
     if subj.engine is not None:
         subj.engine.token_delay_s = 0.005  # a GPU's pace: 3000 tokens would take 15 s
@@ -133,7 +116,8 @@ def test_cancellation_reaches_the_engine(subj: Subject) -> None:
         at_close = run(subj, body)
         if subj.cancellable:
             # Ran to the end or not is read from the engine's own counter: it must come to rest, soon.
-            at_rest = settled(subj.engine_tokens)
+            kept_on = "the engine kept generating after the stream was closed"
+            at_rest = settles(subj.engine_tokens, quiet_s=0.4, interval=0.05, message=kept_on)
             assert at_rest - before < max_tokens / 2, "the engine ran the request to its end"
         else:
             # The engine has no cancellation: the adapter closed its connection, the engine runs on.
@@ -243,9 +227,7 @@ def test_engine_queue_is_read_as_waiting(subj: Subject) -> None:
                 seen.append(await backend.load())
                 return seen[-1] is not None and (seen[-1].running, seen[-1].waiting) == (2, 8)
 
-            deadline = time.monotonic() + 10
-            while not await loaded() and time.monotonic() < deadline:  # noqa: ASYNC110 - polls an endpoint
-                await asyncio.sleep(0.05)
+            await eventually_async(loaded, timeout=10, interval=0.05, message=lambda: f"load never 2+8: {seen[-1]}")
             return seen[-1]
         finally:
             for task in tasks:

@@ -22,6 +22,7 @@ from tests.contract.control import FakeControl
 from tests.contract.fake_mii import create_openai_app, create_rest_app
 from tests.contract.tiny_engine import TinyEngine
 from tests.fakes import serve_in_thread
+from tests.polling import settles
 
 MODEL = "enginegate-demo"
 HELLO: Any = [{"role": "user", "content": "Hello"}]  # Any: both the client and render_chat take it
@@ -339,13 +340,6 @@ def test_openai_faults(oai: tuple[str, FakeControl]) -> None:
     assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 500
 
 
-def _settled(engine: TinyEngine) -> tuple[int, int]:
-    time.sleep(0.3)
-    settled = engine.generated_tokens
-    time.sleep(0.7)
-    return settled, engine.generated_tokens
-
-
 def test_openai_disconnect_stops_generation(oai: tuple[str, FakeControl], engine: TinyEngine) -> None:
     max_tokens = 4000  # about three seconds of generation here if nobody stopped it
     before = engine.generated_tokens
@@ -357,8 +351,8 @@ def test_openai_disconnect_stops_generation(oai: tuple[str, FakeControl], engine
         if received == 3:
             break
     stream.close()
-    settled, later = _settled(engine)
-    assert later == settled, "the engine kept generating after the client left"
+    # Stopped means the counter comes to rest (settles fails if it keeps moving) and stays there.
+    settled = settles(lambda: engine.generated_tokens, quiet_s=0.7, message="the engine kept generating")
     assert received <= settled - before < max_tokens / 4
     assert engine.active_streams == 0
 

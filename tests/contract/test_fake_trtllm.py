@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from tests.contract import fake_triton, fake_trtllm_serve
 from tests.contract.control import FakeControl
 from tests.contract.tiny_engine import TinyEngine
 from tests.fakes import serve_in_thread
+from tests.polling import passes, settles, wait_until
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 CHAT = {"model": "enginegate-demo", "messages": HELLO, "temperature": 0}
@@ -80,25 +80,20 @@ def _events(body: str) -> list[str]:
 
 def _stops_generating(engine: TinyEngine, before: int) -> int:
     """Waits for the engine to go idle; returns how many tokens were generated since ``before``."""
-    deadline = time.monotonic() + 10
-    while engine.active_streams and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert engine.active_streams == 0
-    time.sleep(0.1)  # the worker thread may finish the token it was computing
-    settled = engine.generated_tokens
-    time.sleep(0.3)
-    assert engine.generated_tokens == settled
-    return settled - before
+    wait_until(lambda: engine.active_streams == 0, message="the engine stream was never closed")
+    # The worker thread may finish the token it was computing; then the counter must stay put (settles
+    # fails if it keeps moving).
+    return settles(lambda: engine.generated_tokens, quiet_s=0.3) - before
 
 
 def _while_delayed(control: FakeControl, request: Callable[[], Any], probe: Callable[[], None]) -> None:
-    """Runs ``request`` held 1 s before its first token, and ``probe`` while it waits."""
+    """Runs ``request`` held 1 s before its first token, and ``probe`` until it passes while it waits: the
+    probe's state (a waiting request) only exists during that second, so a probe that never holds fails."""
     control.delay_s = 1.0
     worker = threading.Thread(target=request)
     worker.start()
-    time.sleep(0.4)
     try:
-        probe()
+        passes(probe)
     finally:
         worker.join(timeout=15)
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import GatewayProcess, write_config
+from tests.polling import wait_until
 
 ADMIN_KEY = "test-admin-key"
 HEAD = """
@@ -70,14 +71,22 @@ def test_sighup_reload_under_load_loses_nothing_and_changes_routing(gateway: Gat
         workers = [threading.Thread(target=steady_load, args=(gateway, stop, seen)) for _ in range(4)]
         for w in workers:
             w.start()
-        time.sleep(1.0)
-        write_config(config, prefer("b"))
-        reloaded_at = time.monotonic()
-        os.kill(gateway.proc.pid, signal.SIGHUP)
-        time.sleep(1.5)
-        stop.set()
-        for w in workers:
-            w.join()
+        try:
+            # Load runs through the old routing first, then through the reload and well past it.
+            wait_until(lambda: len(seen) >= 24, timeout=30, message="the steady load never got going")
+            write_config(config, prefer("b"))
+            reloaded_at = time.monotonic()
+            os.kill(gateway.proc.pid, signal.SIGHUP)
+            wait_until(lambda: reloads(gateway, "ok") >= 1, timeout=10, interval=0.05, message="SIGHUP: no reload")
+            wait_until(
+                lambda: sum(t > reloaded_at + 0.5 for t, _, _ in list(seen)) >= 20,
+                timeout=30,
+                message="too few requests after the reload",
+            )
+        finally:
+            stop.set()
+            for w in workers:
+                w.join()
         assert len(seen) > 40
         assert all(status == 200 for _, status, _ in seen), Counter(s for _, s, _ in seen)
         before = Counter(b for t, _, b in seen if t < reloaded_at)
@@ -99,7 +108,7 @@ def test_a_broken_file_is_rejected_and_the_running_config_kept(gateway: GatewayP
         assert "unknown engine 'ctranslate3'" in resp.json()["problems"][0]
         assert resp.json()["problems"][0].startswith(f"{config}:7: backends[0].engine")
         os.kill(gateway.proc.pid, signal.SIGHUP)
-        time.sleep(0.5)
+        wait_until(lambda: reloads(gateway, "error") >= 2, timeout=10, interval=0.05, message="SIGHUP never tried")
         assert reloads(gateway, "error") == 2
         r = httpx.post(
             f"{gateway.base_url}/v1/completions",

@@ -139,7 +139,7 @@ def keep_alive(respond: Callable[[Request], bytes]) -> Callable[[Server], Handle
 @contextlib.asynccontextmanager
 async def serving(make: Callable[[Server], Handler]) -> AsyncIterator[Server]:
     """A server whose handler needs the server itself."""
-    server = Server(lambda r, w, n: asyncio.sleep(0))
+    server = Server(lambda r, w, n: asyncio.sleep(0))  # a placeholder handler, replaced on the next line
     server.handle = make(server)
     async with server:
         yield server
@@ -199,7 +199,7 @@ def test_chunked_body_split_at_awkward_boundaries() -> None:
         while pos < len(wire):
             writer.write(wire[pos : pos + step])
             await writer.drain()
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # engine behaviour: yield, so each write can reach the socket by itself
             pos += step
             step = step % 7 + 1 if pos < 400 else 997
         await read_request(reader)
@@ -226,7 +226,7 @@ def test_body_ending_at_connection_close() -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nfirst ")
         await writer.drain()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # engine behaviour: the body comes in two pieces, not one
         writer.write(b"second")
         await writer.drain()
 
@@ -512,8 +512,8 @@ def test_deadlines_per_phase() -> None:
             for byte in b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"p" * 500:
                 writer.write(bytes([byte]))
                 await writer.drain()
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(5)
+                await asyncio.sleep(0.01)  # engine behaviour: a head dribbled a byte at a time
+        await asyncio.sleep(5)  # engine behaviour: then it hangs, silent, past every client deadline
 
     async def body() -> None:
         async with Server(slow) as server:
@@ -548,7 +548,7 @@ def _streamer(server: Server) -> Handler:
             while not watch.done():
                 writer.write(b"6\r\ntoken \r\n")
                 await writer.drain()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # engine behaviour: the pace of an endless token stream
         except ConnectionError:  # the client's close seen as a reset rather than as EOF
             server.eof.set()
         finally:
@@ -597,7 +597,7 @@ def test_cancelled_read_closes_the_connection() -> None:
 def test_pool_limit_is_respected_under_concurrency() -> None:
     async def slow_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         while await read_request(reader) is not None:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # engine behaviour: a slow answer, so requests pile up on the pool
             writer.write(ok(b"done"))
             await writer.drain()
 
@@ -678,7 +678,7 @@ def test_bad_responses_are_protocol_errors(wire: bytes) -> None:
         await read_request(reader)
         writer.write(wire)
         await writer.drain()
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # engine behaviour: the connection stays open, so the parse fails, not the close
 
     async def body() -> None:
         async with Server(bad) as server:
@@ -897,7 +897,7 @@ async def tls_server(pki: Path, require_client_cert: bool = False) -> AsyncItera
     if require_client_cert:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(pki / "ca.pem")
-    server = Server(lambda r, w, n: asyncio.sleep(0))
+    server = Server(lambda r, w, n: asyncio.sleep(0))  # a placeholder handler, replaced on the next line
     server.handle = keep_alive(lambda r: ok(b"secure"))(server)
     server.server = await asyncio.start_server(server._connection, "127.0.0.1", 0, ssl=context)
     server.url = f"https://127.0.0.1:{server.server.sockets[0].getsockname()[1]}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from backends.base import Backend, Load
@@ -21,12 +22,19 @@ backends:
 """
 
 
-def test_reload_keeps_unchanged_backends_and_retires_the_rest(tmp_path: Path) -> None:
-    built: list[ScriptedBackend] = []
+def recording(built: list[ScriptedBackend]) -> Callable[[BackendConfig, LoadedConfig], Backend]:
+    """A backend factory that keeps every backend it builds in ``built``."""
 
     def factory(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
         built.append(ScriptedBackend(cfg.name, cfg.model))
         return built[-1]
+
+    return factory
+
+
+def test_reload_keeps_unchanged_backends_and_retires_the_rest(tmp_path: Path) -> None:
+    built: list[ScriptedBackend] = []
+    factory = recording(built)
 
     async def scenario() -> None:
         path = write_config(tmp_path / "c.yaml", CONFIG % 4)
@@ -60,10 +68,7 @@ def test_a_rebuilt_backend_is_healthy_at_once_and_the_old_one_closes_after_its_l
     reload closed a live stream and the old pools stayed open for 600 s; new backends took 503s
     until the next poll)."""
     built: list[ScriptedBackend] = []
-
-    def factory(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
-        built.append(ScriptedBackend(cfg.name, cfg.model))
-        return built[-1]
+    factory = recording(built)
 
     async def scenario() -> None:
         path = write_config(tmp_path / "c.yaml", CONFIG % 4)
