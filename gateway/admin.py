@@ -6,8 +6,10 @@ variable named by ``admin.api_key_env``; without that setting they are off.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
+import signal
 from typing import Any
 
 import orjson
@@ -18,6 +20,7 @@ from starlette.routing import Route
 
 from gateway.errors import ApiError, bad_request
 from gateway.state import AppState
+from gateway.supervisor import SUPERVISOR_ENV
 from routing.explain import to_dict
 from routing.policy import choose
 from routing.types import RequestFeatures
@@ -54,6 +57,12 @@ def routes(state: AppState) -> list[Route]:
         problems = await state.reload()
         if problems:
             return _json({"status": "rejected", "problems": problems, "config": str(state.runtime.loaded.path)}, 422)
+        supervisor = os.environ.get(SUPERVISOR_ENV)
+        if supervisor is not None and supervisor.isdigit():
+            # Under serve --workers: the supervisor passes the reload on to every worker (this one
+            # reloads again, finding nothing changed).
+            with contextlib.suppress(OSError):
+                os.kill(int(supervisor), signal.SIGHUP)
         return _json({"status": "reloaded", "config": str(state.runtime.loaded.path)})
 
     async def explain(request: Request) -> Response:

@@ -187,7 +187,10 @@ def _serve(args: argparse.Namespace) -> int:
         "ENGINEGATE_LOG_LEVEL": args.log_level,
         "ENGINEGATE_LOG_FORMAT": args.log_format,
     }
-    uvicorn.run("gateway.drain:worker_app", factory=True, workers=args.workers, **options)
+    from gateway import supervisor
+
+    config = uvicorn.Config("gateway.drain:worker_app", factory=True, workers=args.workers, **options)
+    supervisor.run(config, server.drain_delay_s)
     return 0
 
 

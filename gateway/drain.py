@@ -16,11 +16,8 @@ and the ending of requests. uvicorn's own graceful timeout is set a little longe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import signal
-import socket
 from types import FrameType
 
 import uvicorn
@@ -32,7 +29,6 @@ log = logging.getLogger("enginegate.drain")
 
 SETTLE_S = 3.0
 """After the grace, what the ended requests get to send their last words before uvicorn cancels."""
-_SHARED_CLOSE_S = 0.3
 
 
 class Drain:
@@ -73,24 +69,9 @@ class Drain:
             return
         self._stopping = True
         self.server.should_exit = True  # uvicorn closes the listener on its next tick (0.1 s)
-        if self.server.config.workers > 1:
-            # Copies taken now: uvicorn forgets its listeners when it closes them.
-            shared = [
-                socket.socket(fileno=os.dup(sock.fileno()))
-                for srv in getattr(self.server, "servers", [])
-                for sock in srv.sockets or ()
-            ]
-            self.loop.call_later(_SHARED_CLOSE_S, self._close_shared_listener, shared)
+        # Under --workers the listening socket is shared: the supervisor shuts it down when it stops
+        # (gateway/supervisor.py); a worker restarted on its own must leave it to the others.
         self.loop.call_later(self.grace_s + 0.1, self._end)
-
-    @staticmethod
-    def _close_shared_listener(shared: list[socket.socket]) -> None:
-        """Workers share the parent's listening socket, which stays open in the parent after each worker
-        closed its own copy: new connections would wait in its backlog unanswered. Shutting the socket
-        down (it is one socket in every process) makes them refused instead."""
-        for sock in shared:
-            with contextlib.suppress(OSError), sock:
-                sock.shutdown(socket.SHUT_RDWR)
 
     def _end(self) -> None:
         ended = self.gateway.end_requests()
