@@ -32,7 +32,7 @@ from gateway.openai_api import (
 )
 from gateway.streaming import DONE, ClientGone, Exchange, event
 from routing.features import InvalidHeader, features
-from routing.policy import choose
+from routing.policy import choose, priority_factor
 from routing.types import Decision, Reason
 
 if TYPE_CHECKING:
@@ -123,7 +123,11 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     shape = ResponseShape(chat, ex.request_id, gen.model, include_usage)
     routing = rt.config.routing
-    deadlines = Deadlines(routing.first_token_timeout_s, routing.answer_timeout_s)
+    deadlines = Deadlines(
+        routing.first_token_timeout_s,
+        routing.answer_timeout_s,
+        routing.max_queue_wait_s * priority_factor(feats.priority),
+    )
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     targets = fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
     whole = not body.stream

@@ -51,6 +51,10 @@ class Tracker(Protocol):
 
     def end(self, target: Target, prompt_tokens: int = 0) -> None: ...
 
+    def queued(self, target: Target) -> float | None:
+        """The wait a request joining the target's queue would have now, None when it has no queue."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Deadlines:
@@ -58,6 +62,10 @@ class Deadlines:
     """A streaming engine's first content must arrive within this."""
     answer_s: float
     """A whole answer (collected before sending, or from an engine that answers at once) within this."""
+    queue_s: float | None = None
+    """Admission control for requests already sent: one with no first token after this long, on an
+    engine that is queueing, gives up there as overloaded (with Retry-After) instead of waiting for
+    the first-token timeout."""
 
 
 @dataclass
@@ -115,10 +123,24 @@ async def _attempt(
     head: list[Chunk] = []
     tracker.sending(target, tokens)
     stream = backend.generate(request)
+    shed: list[float] = []
+    check: asyncio.TimerHandle | None = None
     try:
         first_at = answer_at if at_once else min(answer_at, loop.time() + deadlines.first_token_s)
         async with asyncio.timeout_at(first_at) as deadline:
+            queue_s = deadlines.queue_s
+            if queue_s is not None and not at_once and loop.time() + queue_s < first_at:
+
+                def still_queued() -> None:
+                    wait = tracker.queued(target)
+                    if wait is not None:
+                        shed.append(wait)
+                        deadline.reschedule(loop.time())
+
+                check = loop.call_later(queue_s, still_queued)
             head = await _head(stream)
+            if check is not None:
+                check.cancel()
             tracker.first_token(target, tokens)
             if answering is not None:
                 answering.add(target.name)  # a hedge waits no longer for a first token here
@@ -127,9 +149,18 @@ async def _attempt(
                 deadline.reschedule(answer_at)
                 head += [chunk async for chunk in stream]
     except BaseException as exc:
+        if check is not None:
+            check.cancel()
         await _close(stream)
         backlog = 0 if head else tokens  # the prompt's backlog is gone once its first token came
         error = _as_backend_error(exc, target.name, phase, deadlines)
+        if shed and isinstance(exc, TimeoutError):
+            queue_s = deadlines.queue_s or 0.0
+            error = BackendError(
+                ErrorKind.OVERLOADED,
+                f"backend {target.name} kept this request queued for {queue_s:g}s; its queue is long",
+                retry_after=max(1.0, shed[0]),
+            )
         if error is None:  # cancelled: the client left, or a hedge lost
             tracker.end(target, backlog)
             raise

@@ -21,7 +21,7 @@ from gateway.breaker import CircuitBreaker
 from gateway.catalog import model_specs, profile
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
-from routing.estimator import observe
+from routing.estimator import TYPICAL_OUTPUT_TOKENS, observe
 from routing.load import current as current_load
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed
 
@@ -126,20 +126,34 @@ class Fleet:
                 self._drained.pop(id(entry), None)
         await entry.backend.aclose()
 
+    def _load_now(self, e: Entry, now: float) -> tuple[int, int, int, bool]:
+        """(running, waiting, the engine's slots, whether its gauges are fresh) as routing sees them."""
+        fresh = e.load is not None and now - e.load_at <= self._stale
+        polled = e.load if fresh else None
+        cap = e.profile.max_concurrency if e.engine_slots is None else min(e.engine_slots, e.profile.max_concurrency)
+        running, waiting = current_load(
+            polled.running if polled else None, polled.waiting if polled else None,
+            e.in_flight_at_poll, e.in_flight, cap,
+        )  # fmt: skip
+        return running, waiting, cap, fresh
+
+    def queue_wait_s(self, entry: Entry) -> float | None:
+        """How long a request joining ``entry``'s queue now would wait, when the engine is queueing
+        (None when it is not): the requests waiting, over its slots, at its observed service time
+        (one second a request before any was observed)."""
+        _, waiting, cap, _ = self._load_now(entry, time.monotonic())
+        if waiting <= 0:
+            return None
+        seen = entry.observed
+        service_s = seen.tpot_ms * TYPICAL_OUTPUT_TOKENS / 1000 if seen.tpot_ms is not None else 1.0
+        return waiting * service_s / max(1, cap)
+
     def snapshot(self) -> FleetSnapshot:
         now = time.monotonic()
         states = []
         for e in self.entries.values():
-            fresh = e.load is not None and now - e.load_at <= self._stale
+            running, waiting, _, fresh = self._load_now(e, now)
             breaker, share = e.breaker.current()
-            polled = e.load if fresh else None
-            cap = (
-                e.profile.max_concurrency if e.engine_slots is None else min(e.engine_slots, e.profile.max_concurrency)
-            )
-            running, waiting = current_load(
-                polled.running if polled else None, polled.waiting if polled else None,
-                e.in_flight_at_poll, e.in_flight, cap,
-            )  # fmt: skip
             states.append(
                 BackendState(
                     profile=e.profile,

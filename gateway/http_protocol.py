@@ -242,6 +242,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.phase = _IDLE
         self.since = time.perf_counter()
         self._head_bytes = 0
+        self._parsed_head = 0
         self._body_bytes = 0
         self._paused_at = 0.0
         self._overflow = False
@@ -254,6 +255,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         open_now = len(self.connections)
         if open_now > limits.max_connections and not self.guard.evict_idle(self.since):
             if open_now > limits.max_connections + HEALTH_ROOM:
+                if self.guard.state is not None:
+                    self.guard.state.metrics.other_request("protocol", 503)
                 transport.write(response(busy()))  # before reading anything: holding it costs a descriptor
                 transport.close()
                 self.phase = _LINGER
@@ -301,6 +304,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if answering or transport.is_closing():
             transport.close()
             return
+        state = self.guard.state
+        if state is not None:  # counted like every other response, under the route "protocol"
+            state.metrics.other_request("protocol", err.status)
         transport.write(response(err))
         if transport.can_write_eof():
             transport.write_eof()  # input is still read (and dropped) for LINGER_S, then closed
@@ -315,6 +321,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.phase = _HEAD
         self.since = now
         self._head_bytes = 0
+        self._parsed_head = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # A whole head in one read never shows in data_received's count: the parsed size is checked too.
+        self._parsed_head += len(name) + len(value) + 4
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         err = self._check()
@@ -332,20 +344,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """The cheap checks of a complete head; None when it may go on."""
         headers = self.headers
         limits = self.limits
+        if self._parsed_head + len(self.url) > limits.max_header_bytes:
+            return self._head_too_large()
         if len(headers) > limits.max_headers:
             return _refusal(431, f"More than {limits.max_headers} request headers.", "too_many_headers")
         if len(self.url) > limits.max_url_bytes:
             return _refusal(414, f"URL longer than {limits.max_url_bytes} bytes.", "url_too_long")
-        host = ctype = None
+        host = ctype = encoding = None
         for name, value in headers:
             if name == b"host":
                 host = value
             elif name == b"content-type":
                 ctype = value
+            elif name == b"content-encoding":
+                encoding = value
+        url = self.url
+        if url[:1] != b"/" and url != b"*":  # absolute-form: a forward proxy's request, not ours
+            return _refusal(400, "Request targets must be paths (this is not a forward proxy).", "invalid_target")
+        if host is None and self.parser.get_http_version() == "1.1":
+            return _refusal(400, "HTTP/1.1 requests must carry a Host header.", "missing_host")
         if host is not None and limits.hosts is not None and not self.guard.host_allowed(host):
             return _refusal(400, "This Host is not served here (server.allowed_hosts).", "invalid_host")
         if self._overflow and self.url.partition(b"?")[0] not in _HEALTH:
             return busy()
+        if encoding is not None and encoding.strip().lower() != b"identity":
+            return _refusal(415, "Compressed request bodies are not accepted (Content-Encoding).", "unsupported_media")
         if ctype != b"application/json" and self.parser.get_method() == b"POST" and not _json_post(ctype, headers):
             return _refusal(415, "Request bodies must be JSON (Content-Type: application/json).", "unsupported_media")
         return None

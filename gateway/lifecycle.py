@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, cast
 
-from backends.base import BackendError, Usage
+from backends.base import BackendError, ErrorKind, Usage
 from gateway.dispatch import Committed, Target
 from gateway.fleet import Entry
 from routing.types import Decision
@@ -49,6 +49,8 @@ class RequestLife:
         self.attempts = 0
         self.engine_wait_s = 0.0
         self._ended = False
+        self._tried = "none"
+        """The last backend an attempt went to (a request cancelled before any answer names it)."""
         state.metrics.started(self.route)
 
     @property
@@ -56,11 +58,12 @@ class RequestLife:
         """The committed backend, else the last one tried (its failure is this request's error)."""
         if self.entry is not None:
             return self.entry.name
-        return self.failures[-1][0] if self.failures else "none"
+        return self.failures[-1][0] if self.failures else self._tried
 
     # The dispatcher's tracker: every attempt, as it happens.
     def sending(self, target: Target, prompt_tokens: int) -> None:
         self.attempts += 1
+        self._tried = target.name
         self.state.fleet.sending(cast(Entry, target), prompt_tokens)
 
     def first_token(self, target: Target, prompt_tokens: int) -> None:
@@ -69,8 +72,11 @@ class RequestLife:
     def failed(self, target: Target, error: BackendError) -> None:
         self.failures.append((target.name, error))
         self.state.metrics.attempt(target.name, error.kind.value)
-        if error.engine_fault:
-            self.state.fleet.failed(cast(Entry, target))
+        entry = cast(Entry, target)
+        # A timeout on an engine that is queueing is its queue, not a fault: its breaker stays shut.
+        queueing = error.kind is ErrorKind.TIMEOUT and self.state.fleet.queue_wait_s(entry) is not None
+        if error.engine_fault and not queueing:
+            self.state.fleet.failed(entry)
         log.warning(
             "attempt failed",
             extra={
@@ -83,6 +89,9 @@ class RequestLife:
 
     def end(self, target: Target, prompt_tokens: int = 0) -> None:
         self.state.fleet.end(cast(Entry, target), prompt_tokens)
+
+    def queued(self, target: Target) -> float | None:
+        return self.state.fleet.queue_wait_s(cast(Entry, target))
 
     # How the request goes on and ends.
     def routed(self, model: str, decision: Decision, stream: bool) -> None:

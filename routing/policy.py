@@ -149,12 +149,12 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
             excluded[state.name] = problem
             if problem.startswith(RECOVERING) and _excluded(state, rule, replace(f, gate=0.0), model, out) is None:
                 probes.append(state)
-    if not alive and probes:
-        # Only recovering backends could serve: the request is their probe (refusing it would keep a
-        # lone backend dark for as long as its share is small).
-        alive = probes
-        for state in probes:
-            del excluded[state.name]
+    # A recovering backend that passed on this request is still its last resort: tried only when every
+    # other candidate failed (a lone recovering backend takes every request as its probe).
+    probing = {state.name for state in probes}
+    for state in probes:
+        del excluded[state.name]
+    alive += probes
     if not alive:
         down = all(r in ("unhealthy", "circuit breaker open") or r.startswith(RECOVERING) for r in excluded.values())
         reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
@@ -189,6 +189,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
             "cost": cheapest / cost[s.name] if cost[s.name] > 0 else 1.0,
             "load": max(0.0, 1 - (s.running + s.waiting) / p.slots),
             "affinity": 1.0 if s.name == affine else 0.0,
+            "last_resort": 1.0 if s.name in probing else 0.0,
         }
         score = (w.budget * terms["budget"] + w.cost * terms["cost"] + w.load * terms["load"]) / total
         score += w.affinity * terms["affinity"] / total
@@ -200,10 +201,11 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     # it takes the cheapest capacity instead (in the simulator this beat "least loaded" and "closest").
     hopeless = closest_miss > HOPELESS_RATIO and not any(c.meets_budget for c in candidates)
 
-    def rank(c: Candidate) -> tuple[int, int, float, float]:
+    def rank(c: Candidate) -> tuple[int, int, int, float, float]:
         s = states[c.backend]
         preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
-        return (0 if c.meets_budget else 1, preference, -c.terms["cost"] if hopeless else 0.0, -c.score)
+        last = 1 if c.backend in probing else 0
+        return (last, 0 if c.meets_budget else 1, preference, -c.terms["cost"] if hopeless else 0.0, -c.score)
 
     ranked = tuple(sorted(candidates, key=rank))
     has_budget = any(b is not None for b in (f.ttft_budget_ms, f.latency_budget_ms, f.tpot_budget_ms))

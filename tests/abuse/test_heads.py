@@ -3,11 +3,13 @@ JSON and cost the gateway neither memory nor responsiveness."""
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import threading
 import time
 
+import httpx
 import orjson
 import pytest
 
@@ -140,3 +142,48 @@ def test_body_trickle_times_out_with_408(guarded: GatewayProcess) -> None:
     assert len(answers) == 20
     assert all(status == 408 and 0.9 < seconds < 3 for status, seconds in answers), answers[:5]
     mon.assert_healthy(rss_growth_mb=20)
+
+
+def protocol_refusals(gateway: GatewayProcess, status_class: str) -> float:
+    text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
+    pattern = rf'^enginegate_requests_total\{{[^}}]*code="{status_class}"[^}}]*route="protocol"\}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def test_protocol_refusals_are_counted_like_every_other_response(guarded: GatewayProcess) -> None:
+    """An error-ratio alert sees them too (an outside audit found 431/414/400s uncounted)."""
+    before = protocol_refusals(guarded, "4xx")
+    assert status_of(request(guarded.port, b"NOT HTTP AT ALL\r\n\r\n")) == 400
+    too_many = HEAD + b"".join(b"X-%d: 1\r\n" % i for i in range(150)) + b"\r\n"
+    assert status_of(request(guarded.port, too_many)) == 431
+    assert protocol_refusals(guarded, "4xx") == before + 2
+
+
+def test_a_head_just_over_the_limit_is_refused_however_it_arrives(guarded: GatewayProcess) -> None:
+    """One read or several: 70,000 bytes against a 65,536-byte limit is a 431 (an audit saw a 200)."""
+    over = HEAD + b"X-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+    assert status_of(request(guarded.port, over)) == 431
+    under = HEAD + b"X-Big: " + b"a" * 60_000 + b"\r\n\r\n"
+    assert status_of(request(guarded.port, under)) == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "code"),
+    [
+        (b"GET /healthz HTTP/1.1\r\n\r\n", 400, "missing_host"),
+        (b"GET http://evil.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400, "invalid_target"),
+        (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}",
+            415,
+            "unsupported_media",
+        ),
+    ],
+    ids=["no host", "absolute-form target", "compressed body"],
+)
+def test_requests_the_gateway_cannot_serve_as_meant_are_refused(
+    guarded: GatewayProcess, raw: bytes, status: int, code: str
+) -> None:
+    """Found by an outside audit: these got 200 (the Host check and the body were bypassed)."""
+    answer = request(guarded.port, raw)
+    assert status_of(answer) == status and error_code(answer) == code

@@ -33,6 +33,8 @@ class Recorder:
     in_flight: dict[str, int] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
     failures: list[tuple[str, ErrorKind]] = field(default_factory=list)
+    queues: dict[str, float] = field(default_factory=dict)
+    """Backends that are queueing, with the wait a request joining their queue would have."""
 
     def sending(self, target: Target, prompt_tokens: int) -> None:
         self.events.append(("sending", target.name, prompt_tokens))
@@ -45,6 +47,9 @@ class Recorder:
 
     def failed(self, target: Target, error: BackendError) -> None:
         self.failures.append((target.name, error.kind))
+
+    def queued(self, target: Target) -> float | None:
+        return self.queues.get(target.name)
 
     def end(self, target: Target, prompt_tokens: int = 0) -> None:
         self.events.append(("end", target.name, prompt_tokens))
@@ -179,3 +184,29 @@ def test_a_whole_answer_that_has_its_first_token_in_time_is_not_hedged() -> None
     tracker = Recorder()
     assert run({"slow": Slow("slow", "m"), "other": other}, tracker, hedge_after=0.05, whole=True)[0] == "slow"
     assert other.calls == 0
+
+
+def test_a_request_stuck_in_a_queueing_engine_gives_up_there_as_overloaded_and_fails_over() -> None:
+    """Shed after the admission limit, with Retry-After, never a timeout a minute later; its breaker
+    is not fed (an overload is not a fault) (issue 12.4)."""
+    queued = ScriptedBackend("queued", "m", first_delay=5.0)
+    tracker = Recorder(queues={"queued": 7.0})
+    deadlines = Deadlines(first_token_s=10.0, answer_s=20.0, queue_s=0.1)
+    assert run({"queued": queued, "b": ScriptedBackend("b", "m")}, tracker, deadlines=deadlines)[0] == "b"
+    assert tracker.failures == [("queued", ErrorKind.OVERLOADED)]
+    with pytest.raises(BackendError) as caught:
+        run(
+            {"queued": ScriptedBackend("queued", "m", first_delay=5.0)},
+            Recorder(queues={"queued": 7.0}),
+            deadlines=deadlines,
+        )
+    assert caught.value.kind is ErrorKind.OVERLOADED and caught.value.retry_after == 7.0
+    assert not caught.value.engine_fault
+
+
+def test_a_slow_first_token_on_an_engine_without_a_queue_waits_for_the_first_token_deadline() -> None:
+    slow = ScriptedBackend("slow", "m", first_delay=0.3)
+    tracker = Recorder()
+    deadlines = Deadlines(first_token_s=5.0, answer_s=20.0, queue_s=0.05)
+    assert run({"slow": slow}, tracker, deadlines=deadlines) == ("slow", "fine answer")
+    assert tracker.failures == []

@@ -127,13 +127,24 @@ def test_a_recovering_backend_gets_a_share_of_requests_even_when_they_are_identi
     for recovery in (0.1, 0.5, 1.0):
         recovering = replace(twins[0], breaker=Breaker.HALF_OPEN, recovery=recovery)
         hits = sum(
-            "b0" in [c.backend for c in choose(ask(gate=rng.random()), snap(recovering, twins[1]), Rules()).candidates]
+            any(
+                c.backend == "b0" and not c.terms["last_resort"]
+                for c in choose(ask(gate=rng.random()), snap(recovering, twins[1]), Rules()).candidates
+            )
             for _ in range(1000)
         )
         shares.append(hits / 1000)
     assert shares[0] == pytest.approx(0.1, abs=0.04)
     assert shares[1] == pytest.approx(0.5, abs=0.06)
     assert shares[2] == 1.0
+
+
+def test_a_recovering_backend_that_passed_on_a_request_is_its_last_resort() -> None:
+    """Tried only when every other candidate failed: better than a 502 (found by an outside audit)."""
+    recovering = replace(backend("b0", "vllm", "A100-80GB"), breaker=Breaker.HALF_OPEN, recovery=0.1)
+    decision = choose(ask(gate=0.99), snap(recovering, backend("b1", "vllm", "A100-80GB")), Rules())
+    assert [c.backend for c in decision.candidates] == ["b1", "b0"]
+    assert decision.candidates[1].terms["last_resort"] == 1.0
 
 
 def test_a_lone_recovering_backend_takes_every_request_as_its_probe() -> None:
