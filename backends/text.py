@@ -107,7 +107,7 @@ class StopStrings:
     text, never the square of a stop's length: long stops cannot stall the event loop."""
 
     def __init__(self, stop: Iterable[str]) -> None:
-        self._stop = tuple(_Prefix(s) for s in dict.fromkeys(stop) if s)
+        self._stop = tuple(_Prefix(s) for s in dict.fromkeys(stop) if s) if stop else ()
         self._held = ""
         self.stopped = False
 
