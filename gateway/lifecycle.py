@@ -50,6 +50,7 @@ class RequestLife:
         self.engine_wait_s = 0.0
         self._ended = False
         self._tried = "none"
+        self._firsts: dict[str, float] = {}
         """The last backend an attempt went to (a request cancelled before any answer names it)."""
         state.metrics.started(self.route)
 
@@ -67,6 +68,9 @@ class RequestLife:
         self.state.fleet.sending(cast(Entry, target), prompt_tokens)
 
     def first_token(self, target: Target, prompt_tokens: int) -> None:
+        # When each attempt's first token came: a whole answer commits at its end, but its time to
+        # first token (what the estimator learns and the histogram shows) is this moment.
+        self._firsts[target.name] = time.perf_counter()
         self.state.fleet.first_token(cast(Entry, target), prompt_tokens)
 
     def failed(self, target: Target, error: BackendError) -> None:
@@ -104,7 +108,7 @@ class RequestLife:
         entry = committed.target
         assert isinstance(entry, Entry)
         self.entry = entry
-        self.first_at = time.perf_counter()
+        self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started
         self.state.metrics.attempt(entry.name, "ok")
         if self.failures:

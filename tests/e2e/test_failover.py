@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import re
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -10,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from backends.base import BackendError, ErrorKind, Load
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, Usage
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.conftest import write_config
@@ -231,3 +233,39 @@ backends: [{name: busy, engine: ctranslate2, model: m, max_concurrency: 4}]
             headers={"authorization": "Bearer admin-secret"},
         )
         assert "queue full" in explain.text, explain.text
+
+
+class Slow(ScriptedBackend):
+    """First word at once, then one word every 0.1 s."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        self.calls += 1
+        for i, word in enumerate(self.words):
+            if i:
+                await asyncio.sleep(0.1)
+            yield Chunk(text=word)
+        yield Chunk(finish_reason="stop", usage=Usage(3, len(self.words)))
+
+
+def test_a_whole_answer_reports_its_time_to_first_token_not_its_end(tmp_path: Path) -> None:
+    """Non-streaming answers commit at their end; their TTFT (learned by routing, shown in the histogram)
+    is still when the first token came (else a long answer would teach routing its backend is slow)."""
+    slow = Slow("slow", "m", words=["a", " b", " c", " d", " e", " f"])
+    config = write_config(
+        tmp_path / "ttft.yaml",
+        """
+models: [{name: m, gguf: "{GGUF}"}]
+backends: [{name: slow, engine: ctranslate2, model: m}]
+""",
+    )
+    with serve_in_thread(create_app(load_config(config), factory({"slow": slow}))) as base:
+        answer = client(base).chat.completions.create(model="m", messages=HELLO)
+        assert answer.choices[0].message.content == "a b c d e f"
+        text = httpx.get(f"{base}/metrics").text
+    ttft = metric_sum(text, "enginegate_time_to_first_token_seconds_sum")
+    e2e = metric_sum(text, "enginegate_request_duration_seconds_sum")
+    assert e2e >= 0.5 and ttft < 0.25, (ttft, e2e)
+
+
+def metric_sum(text: str, name: str) -> float:
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
