@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.gguf_file import GgufCache
+from routing.features import RULE_HEADERS
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 
@@ -238,6 +239,15 @@ class MatchConfig(_Strict):
     """Matched against the x-tenant header."""
     headers: dict[str, str] = {}
     """Exact values of x-tenant, x-priority, x-enginegate-pool or x-enginegate-class."""
+
+    @model_validator(mode="after")
+    def _known_headers(self) -> MatchConfig:
+        unknown = sorted(h for h in self.headers if h.lower() not in RULE_HEADERS)
+        if unknown:  # never read, the rule would silently never match
+            raise ValueError(f"headers {', '.join(unknown)} cannot be matched (only {', '.join(RULE_HEADERS)})")
+        if any(h != h.lower() for h in self.headers):
+            raise ValueError("header names in match.headers must be lower case")
+        return self
 
 
 class RuleConfig(_Strict):

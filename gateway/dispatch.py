@@ -115,6 +115,11 @@ async def _head(stream: AsyncIterator[Chunk]) -> list[Chunk]:
     raise BackendError(ErrorKind.PROTOCOL, "the engine ended its stream without an answer")
 
 
+RECHECK_S = 1.0
+"""Past the admission limit without a first token, how often an attempt looks again whether its
+engine is queueing (once was not enough: the queue may show only later)."""
+
+
 class _Watch:
     """An attempt's deadlines on one timer: the queue check, the first token, the whole answer.
 
@@ -151,10 +156,9 @@ class _Watch:
                 self._handle = self._loop.call_at(self.answer_at, self._fire)
                 return
         elif self.queue_at is not None and now < self.first_at:
-            self.queue_at = None
             wait = self._queued()
-            if wait is None:  # slow, not queued: the first-token deadline holds
-                self._handle = self._loop.call_at(self.first_at, self._fire)
+            if wait is None:  # not queueing now: look again shortly, up to the first-token deadline
+                self._handle = self._loop.call_at(min(self.first_at, now + RECHECK_S), self._fire)
                 return
             self.shed = wait
         self.timeout.reschedule(now)  # expires at once: the attempt's await raises TimeoutError

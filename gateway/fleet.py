@@ -21,7 +21,7 @@ from gateway.breaker import CircuitBreaker
 from gateway.catalog import model_specs, profile
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
-from routing.estimator import TYPICAL_OUTPUT_TOKENS, observe
+from routing.estimator import observe, typical_output
 from routing.load import current as current_load
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed
 
@@ -145,7 +145,7 @@ class Fleet:
         if waiting <= 0:
             return None
         seen = entry.observed
-        service_s = seen.tpot_ms * TYPICAL_OUTPUT_TOKENS / 1000 if seen.tpot_ms is not None else 1.0
+        service_s = seen.tpot_ms * typical_output(seen) / 1000 if seen.tpot_ms is not None else 1.0
         return waiting * service_s / max(1, cap)
 
     def snapshot(self) -> FleetSnapshot:
@@ -192,8 +192,10 @@ class Fleet:
         if entry.in_flight == 0 and (drained := self._drained.pop(id(entry), None)) is not None:
             drained.set()
 
-    def succeeded(self, entry: Entry, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> None:
-        entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms)
+    def succeeded(
+        self, entry: Entry, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None, out_tokens: int | None = None
+    ) -> None:
+        entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms, out_tokens)
         entry.breaker.success()
 
     def failed(self, entry: Entry) -> None:

@@ -137,8 +137,9 @@ class RequestLife:
             predicted = next((c.prediction.prior_ttft_ms for c in decision.candidates if c.backend == entry.name), None)
         ttft_ms = self.ttft_s * 1000
         self.state.fleet.succeeded(
-            entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000
-        )
+            entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000,
+            usage.completion_tokens if usage is not None and not cancelled else None,
+        )  # fmt: skip
         if usage is not None and not cancelled:
             self.state.metrics.answered(
                 self.chat, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,

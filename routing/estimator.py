@@ -47,7 +47,7 @@ def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_token
     ahead = state.waiting + state.running + 1 - room
     queue = 0.0
     if ahead > 0:
-        service = prefill_ms(model, state, prompt_tokens) + TYPICAL_OUTPUT_TOKENS * tpot
+        service = prefill_ms(model, state, prompt_tokens) + typical_output(state.observed) * tpot
         queue = ahead * service / room
     # The prompt is prefilled after the prompts sent before it, a chunk per engine iteration, and every
     # iteration also decodes one token for each running sequence.
@@ -83,7 +83,14 @@ def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_t
     return None
 
 
-def observe(previous: Observed, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None) -> Observed:
+def typical_output(observed: Observed) -> float:
+    """Completion tokens of a request of unknown length on this backend: what its answers have shown."""
+    return observed.out_tokens if observed.out_tokens is not None else TYPICAL_OUTPUT_TOKENS
+
+
+def observe(
+    previous: Observed, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None, out_tokens: int | None = None
+) -> Observed:
     """Fold one finished request into a backend's learned corrections; ``prior_ttft_ms`` is the
     request's ``Prediction.prior_ttft_ms`` (not the corrected TTFT: the correction may have moved
     since, and dividing it back out would feed the running average its own swings)."""
@@ -92,4 +99,7 @@ def observe(previous: Observed, prior_ttft_ms: float, ttft_ms: float, tpot_ms: f
     new_tpot = previous.tpot_ms
     if tpot_ms is not None:
         new_tpot = tpot_ms if previous.tpot_ms is None else (1 - ALPHA) * previous.tpot_ms + ALPHA * tpot_ms
-    return replace(previous, ttft_ratio=new_ratio, tpot_ms=new_tpot, samples=previous.samples + 1)
+    new_out = previous.out_tokens
+    if out_tokens is not None:
+        new_out = out_tokens if previous.out_tokens is None else (1 - ALPHA) * previous.out_tokens + ALPHA * out_tokens
+    return replace(previous, ttft_ratio=new_ratio, tpot_ms=new_tpot, samples=previous.samples + 1, out_tokens=new_out)

@@ -76,6 +76,9 @@ class Observed:
     """Observed TTFT over predicted (queueing included), smoothed."""
     tpot_ms: float | None = None
     samples: int = 0
+    out_tokens: float | None = None
+    """Completion tokens per answer, smoothed: the service time of the requests queued ahead (whose
+    own lengths are unknown), where an assumed 256 made a 20-token workload look 13 times slower."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from tests.contract.control import FakeControl
 from tests.contract.tiny_engine import TinyEngine
 from tests.fakes import serve_in_thread
 
-BURST = 60
+BURST = 120
 
 
 def test_a_burst_on_a_busy_engine_is_shed_with_retry_after_never_a_late_504(tmp_path: Path, cache_dir: Path) -> None:
@@ -50,14 +50,18 @@ backends: [{{name: tgi4, engine: tgi, url: "{url}", model: enginegate-demo}}]
 
         try:
             with ThreadPoolExecutor(BURST) as pool:
-                results = list(pool.map(one, range(BURST)))
+                cold = list(pool.map(one, range(BURST)))  # before the engine's cap is known
+                warm = list(pool.map(one, range(BURST)))  # after: its cap and service time are learned
             fleet_breaker = httpx.get(f"{gw.base_url}/metrics").text
         finally:
             gw.stop()
-    statuses = Counter(status for status, _, _ in results)
-    assert set(statuses) <= {200, 429, 503}, statuses
-    assert statuses[200] >= 4 and statuses[429] + statuses[503] > 0, statuses
-    shed = [(took, retry) for status, took, retry in results if status in (429, 503)]
-    assert all(retry is not None and int(retry) >= 1 for _, retry in shed)
-    assert max(took for took, _ in shed) < 15, "shed near the admission limit, not at the first-token timeout"
+    for results in (cold, warm):
+        statuses = Counter(status for status, _, _ in results)
+        assert set(statuses) <= {200, 429, 503}, statuses
+        # 4 at a time, about 1 s each, 2 s of admitted waiting: some 8 to 20 are answered, not a handful.
+        assert statuses[200] >= 8 and statuses[429] + statuses[503] > 0, statuses
+        shed = [(took, retry) for status, took, retry in results if status in (429, 503)]
+        assert all(retry is not None and int(retry) >= 1 for _, retry in shed)
+        slowest = max(took for _, took, _ in results)
+        assert slowest < 12, f"every answer near the admission limit, not the first-token timeout: {slowest:.1f}s"
     assert 'enginegate_backend_breaker_state{backend="tgi4",state="closed"} 1.0' in fleet_breaker

@@ -76,3 +76,12 @@ def test_config_check_command_exit_codes(tmp_path: Path) -> None:
     bad = run_check(write_config(tmp_path / "bad.yaml", GOOD + "colour: red\n"))
     assert bad.returncode == 1
     assert bad.stderr.strip() == f"{tmp_path / 'bad.yaml'}:9: colour: unknown key 'colour'"
+
+
+def test_a_rule_on_a_header_routing_never_reads_is_refused() -> None:
+    """It would silently never match (found by an outside audit)."""
+    text = GOOD + "routing:\n  rules:\n    - name: r\n      match: {headers: {x-t: trt}}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yaml")
+    assert "x-t cannot be matched" in info.value.problems[0]
+    parse_config(GOOD + "routing:\n  rules:\n    - name: r\n      match: {headers: {x-tenant: a}}\n", "c.yaml")
