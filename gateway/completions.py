@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from backends.base import BackendError, Usage
+from backends.base import BackendError, Chunk, Usage
 from gateway import dispatch
 from gateway.dispatch import Deadlines
 from gateway.errors import ApiError, from_backend, model_not_found
@@ -117,7 +117,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     fleet = state.fleet
     decision = choose(feats, fleet.snapshot(), rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(gen.model, decision, bool(body.stream))
+    life.routed(gen.model, decision, stream)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -130,23 +130,18 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     )
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     targets = fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
-    whole = not body.stream
     try:
-        committed = await dispatch.start(targets, gen, deadlines, life, feats.prompt_tokens, whole, hedge_after)
+        committed = await dispatch.start(targets, gen, deadlines, life, feats.prompt_tokens, not stream, hedge_after)
     except BackendError as exc:
         life.engine_wait_s = gen.clock.waited_s
         raise from_backend(exc) from exc
     life.committed(committed)
-    if body.stream:
+    if stream:
         # A stream's headers go out with its first token: what the gateway added up to there.
         life.overhead_header(gen.clock.waited_s)
         await _stream(ex, _events(committed, shape, life))
         return
-    try:
-        text, finish, usage = await _collect(committed)
-    except BaseException:
-        life.answered(None, cancelled=True)
-        raise
+    text, finish, usage = _collect(committed.first)  # a whole answer: dispatch read it to its end
     life.answered(usage)
     payload = orjson.dumps(shape.whole(text, finish, usage))
     life.overhead_header(gen.clock.waited_s)
@@ -163,22 +158,13 @@ async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
         await events.aclose()
 
 
-async def _collect(committed: dispatch.Committed) -> tuple[str, str | None, Usage | None]:
-    parts: list[str] = []
+def _collect(chunks: list[Chunk]) -> tuple[str, str | None, Usage | None]:
     finish: str | None = None
     usage: Usage | None = None
-    try:
-        for chunk in committed.first:
-            parts.append(chunk.text)
-            finish = chunk.finish_reason or finish
-            usage = chunk.usage or usage
-        async for chunk in committed.rest:  # straight from the backend: no generator layer per chunk
-            parts.append(chunk.text)
-            finish = chunk.finish_reason or finish
-            usage = chunk.usage or usage
-    finally:
-        await committed.aclose()
-    return "".join(parts), finish, usage
+    for chunk in chunks:
+        finish = chunk.finish_reason or finish
+        usage = chunk.usage or usage
+    return "".join([chunk.text for chunk in chunks]), finish, usage
 
 
 async def _events(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
@@ -72,8 +72,8 @@ class Deadlines:
 class Committed:
     target: Target
     first: list[Chunk]
+    """Chunks up to the commit point: the whole answer when it was collected whole."""
     rest: AsyncIterator[Chunk]
-    failures: list[tuple[str, BackendError]] = field(default_factory=list)
 
     @property
     def backend(self) -> str:
@@ -259,7 +259,6 @@ async def start(
             except BackendError as exc:
                 _note(failures, target.name, exc)
                 continue
-            committed.failures = failures
             return committed
         raise _exhausted(failures)
     running: dict[asyncio.Task[Committed], Target] = {}
@@ -284,9 +283,7 @@ async def start(
                 target = running.pop(task)
                 err = task.exception()
                 if err is None:
-                    committed = task.result()
-                    committed.failures = failures
-                    return committed
+                    return task.result()
                 if not isinstance(err, BackendError):
                     raise err
                 _note(failures, target.name, err)

@@ -43,6 +43,8 @@ class Entry:
     in_flight_at_poll: int = 0
     prefill_backlog: int = 0
     """Prompt tokens of those requests that have no first token yet."""
+    drained: asyncio.Event | None = None
+    """Set once this entry, retired by a reload, has no request left (its pool then closes)."""
     engine_slots: int | None = None
     """How many requests the engine runs at once, learned from its gauges: its running count when
     it reported requests waiting (an engine started with a lower cap than the config says)."""
@@ -96,8 +98,6 @@ class Fleet:
         self._stale = stale_s
         self._task: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
-        self._drained: dict[int, asyncio.Event] = {}
-        """Retired entries still answering requests (by ``id``): set when their last one ends."""
         self.after_poll: Callable[[], None] = lambda: None
         """Called after every poll (metrics refresh their backend gauges from it)."""
 
@@ -116,14 +116,12 @@ class Fleet:
     async def _retire(self, entry: Entry, patience_s: float = 600.0) -> None:
         """Close a replaced backend (its connection pool) once its last request has ended."""
         if entry.in_flight > 0:
-            drained = self._drained.setdefault(id(entry), asyncio.Event())
+            entry.drained = asyncio.Event()
             try:
                 async with asyncio.timeout(patience_s):
-                    await drained.wait()
+                    await entry.drained.wait()
             except TimeoutError:
                 log.warning("closing retired backend %s with %d requests in flight", entry.name, entry.in_flight)
-            finally:
-                self._drained.pop(id(entry), None)
         await entry.backend.aclose()
 
     def _load_now(self, e: Entry, now: float) -> tuple[int, int, int, bool]:
@@ -189,8 +187,8 @@ class Fleet:
         """An attempt ended; ``prompt_tokens`` when it ended before its first token."""
         entry.in_flight = max(0, entry.in_flight - 1)
         entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
-        if entry.in_flight == 0 and (drained := self._drained.pop(id(entry), None)) is not None:
-            drained.set()
+        if entry.in_flight == 0 and entry.drained is not None:
+            entry.drained.set()
 
     def succeeded(
         self, entry: Entry, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None, out_tokens: int | None = None

@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("enginegate.request")
 
 
-def status_class(status: int | None) -> str:
-    return "none" if status is None else f"{status // 100}xx"
-
-
 class RequestLife:
     def __init__(self, state: AppState, chat: bool, ex: Exchange, started: float) -> None:
         self.state = state
@@ -50,8 +46,9 @@ class RequestLife:
         self.engine_wait_s = 0.0
         self._ended = False
         self._tried = "none"
-        self._firsts: dict[str, float] = {}
         """The last backend an attempt went to (a request cancelled before any answer names it)."""
+        self._firsts: dict[str, float] = {}
+        """When each attempt's first token came, by backend."""
         state.metrics.started(self.route)
 
     @property
@@ -197,7 +194,7 @@ class RequestLife:
         self, outcome: str, status: int | None, usage: Usage | None, error: BackendError | None, code: str | None = None
     ) -> None:
         backend = self.backend
-        self.state.metrics.request(self.chat, self.model, backend, outcome, status_class(status))
+        self.state.metrics.request(self.chat, self.model, backend, outcome, status)
         if not log.isEnabledFor(logging.INFO):
             return
         decision = self.decision

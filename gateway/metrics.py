@@ -27,6 +27,10 @@ TOKEN_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 
 
+def _status_class(status: int | None) -> str:
+    return "none" if status is None else f"{status // 100}xx"
+
+
 class _Children:
     """A metric's labelled children, looked up once per label set (``labels()`` costs microseconds,
     and the request path records about ten); label values are bounded, so is this cache."""
@@ -227,15 +231,16 @@ class Metrics:
     def started(self, route: str) -> None:
         self._in_flight(route).inc()
 
-    def request(self, chat: bool, model: str, backend: str, outcome: str, code: str) -> None:
-        """A generation request ended; ``outcome`` is ok, error or cancelled, ``code`` its status class."""
+    def request(self, chat: bool, model: str, backend: str, outcome: str, status: int | None) -> None:
+        """A generation request ended; ``outcome`` is ok, error or cancelled; ``status`` the HTTP status
+        sent (None when the client left before any)."""
         route = "chat" if chat else "completions"
         self._in_flight(route).dec()
-        self._requests(route, self.model(model), backend, outcome, code).inc()
+        self._requests(route, self.model(model), backend, outcome, _status_class(status)).inc()
 
     def other_request(self, route: str, status: int) -> None:
-        """A response of any other route (model listing, admin, unknown routes)."""
-        self._requests(route, "none", "none", "ok" if status < 400 else "error", f"{status // 100}xx").inc()
+        """A response of any other route (model listing, admin, unknown routes, protocol refusals)."""
+        self._requests(route, "none", "none", "ok" if status < 400 else "error", _status_class(status)).inc()
 
     def answered(
         self,

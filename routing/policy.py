@@ -34,8 +34,6 @@ DEFAULT_MAX_TOKENS = 256
 HOPELESS_RATIO = 2.0
 """Predicted at more than this multiple of its budget on every backend, a request goes to the cheapest
 capacity rather than where it misses least."""
-RECOVERING = "recovering"
-"""Why a half-open backend passed over this request: it may still take it when nothing else can."""
 SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
@@ -71,7 +69,7 @@ def _named(state: BackendState, names: tuple[str, ...]) -> bool:
 
 
 def _share(key: int, name: str) -> float:
-    """A stable number in [0, 1) for (request key, backend): gates half-open traffic, ranks affinity."""
+    """A stable number in [0, 1) for (request key, backend): ranks prefix affinity."""
     digest = hashlib.blake2b(f"{key}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -81,8 +79,6 @@ def _excluded(state: BackendState, rule: Rule | None, f: RequestFeatures, model:
         return "unhealthy"
     if state.breaker is Breaker.OPEN:
         return "circuit breaker open"
-    if state.breaker is Breaker.HALF_OPEN and f.gate >= state.recovery:
-        return f"{RECOVERING}: takes {state.recovery:.0%} of traffic"
     if rule is not None and rule.require and not _named(state, rule.require):
         return f"rule {rule.name} requires {', '.join(rule.require)}"
     return fit_problem(model, state, f.prompt_tokens, out)
@@ -143,20 +139,18 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     probes: list[BackendState] = []
     for state in serving:
         problem = _excluded(state, rule, f, model, out)
-        if problem is None:
-            alive.append(state)
-        else:
+        if problem is not None:
             excluded[state.name] = problem
-            if problem.startswith(RECOVERING) and _excluded(state, rule, replace(f, gate=0.0), model, out) is None:
-                probes.append(state)
-    # A recovering backend that passed on this request is still its last resort: tried only when every
-    # other candidate failed (a lone recovering backend takes every request as its probe).
+        elif state.breaker is Breaker.HALF_OPEN and f.gate >= state.recovery:
+            # Recovering, and this request is not in its share: still its last resort, tried only when
+            # every other candidate failed (a lone recovering backend takes every request as its probe).
+            probes.append(state)
+        else:
+            alive.append(state)
     probing = {state.name for state in probes}
-    for state in probes:
-        del excluded[state.name]
     alive += probes
     if not alive:
-        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith(RECOVERING) for r in excluded.values())
+        down = all(r in ("unhealthy", "circuit breaker open") for r in excluded.values())
         reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
         return Decision(reason, excluded=excluded, rule=name, max_attempts=max_attempts)
 
