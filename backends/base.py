@@ -11,7 +11,10 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from backends.capabilities import Capabilities
 
 
 @dataclass(slots=True)
@@ -30,6 +33,12 @@ class GenerationRequest:
     ``max_tokens`` None means "as many as the context leaves room for".
     ``extra`` holds fields the client sent that OpenAI does not define
     (``ignore_eos``, ``top_k``, ...): engines that know them use them.
+
+    ``messages`` are OpenAI-shaped dicts: ``role``, ``content`` (a string, or a list of parts when it
+    holds images: ``{"type": "text", "text"}`` and ``{"type": "image_url", "image_url": {"url"}}``),
+    and, kept intact, ``name``, assistant ``tool_calls`` (OpenAI's list, arguments a JSON string) and
+    a tool message's ``tool_call_id``. Every capability field is OpenAI's meaning; the routing has
+    already sent the request only to a backend whose ``capabilities`` cover what it uses.
     """
 
     request_id: str
@@ -42,6 +51,28 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[dict[str, Any], ...] = ()
+    """OpenAI function tools as the client sent them: ``{"type": "function", "function": {name, description,
+    parameters}}``."""
+    tool_choice: str | dict[str, Any] | None = None
+    """None (the engine's default, "auto" with tools), "none", "auto", "required" or
+    ``{"type": "function", "function": {"name": ...}}``."""
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    """None for plain text; ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {name,
+    schema, strict}}`` as OpenAI defines them."""
+    logprobs: bool = False
+    top_logprobs: int = 0
+    """Alternatives per token (0..20) when ``logprobs``; for completions, OpenAI's integer ``logprobs``."""
+    n: int = 1
+    """Choices asked for; a backend without a native ``n`` is asked ``n`` times (``Chunk.index``)."""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    """Token id to a bias in [-100, 100]."""
+    user: str | None = None
+    echo: bool = False
+    """Completions: the prompt is returned before the answer."""
     clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
 
     @property
@@ -53,6 +84,9 @@ class GenerationRequest:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
+    """Prompt tokens the engine found in its prefix cache, when it says (OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``)."""
 
     @property
     def total_tokens(self) -> int:
@@ -60,14 +94,50 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of one tool call, as OpenAI streams them: ``id`` and ``name`` on a call's first piece,
+    then fragments of its JSON ``arguments``; ``index`` is the call's place in the answer's list."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log probability and the most likely alternatives at its place."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
-    """A piece of the answer: text, and on the last chunk the finish reason and usage."""
+    """A piece of the answer: text, and on the last chunk the finish reason and usage.
+
+    ``index`` is the choice it belongs to (``n`` > 1); each choice ends with its own chunk carrying a
+    ``finish_reason`` (``"tool_calls"`` when the model called tools), and usage on each choice's last
+    chunk counts that choice's completion tokens (prompt tokens are the same for every choice)."""
 
     text: str = ""
     finish_reason: str | None = None
     usage: Usage | None = None
     more: bool = False
     """More chunks that arrived with this one follow at once: a consumer may hold its write for them."""
+    index: int = 0
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """Log probabilities of the tokens behind this chunk's text, when the request asked for them."""
 
 
 class ErrorKind(enum.Enum):
@@ -146,6 +216,8 @@ class Backend(Protocol):
     """One engine deployment. ``generate`` is an async generator; closing it cancels the work."""
 
     name: str
+    capabilities: Capabilities
+    """What the engine can honour (see ``backends.capabilities``); the gateway narrows it from config."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]: ...
 

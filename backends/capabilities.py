@@ -1,0 +1,119 @@
+"""What an engine can honour, as data: each adapter declares it, config narrows or widens it, and the
+routing sends a request only to backends that have every capability it uses.
+
+Feature names are the ones config and explanations use. ``needs(request)`` names, for each feature a
+request uses, the request parameter that asked for it, so a refusal can say which field no backend
+serving the model can honour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from backends.base import GenerationRequest
+
+TOOLS = "tools"
+"""Function calling with ``tool_choice`` "auto" or "none" (and tool-call history in messages)."""
+TOOL_CHOICE_REQUIRED = "tool_choice_required"
+"""``tool_choice`` "required" or a named function: the engine must force a call (constrained decoding)."""
+PARALLEL_TOOL_CALLS = "parallel_tool_calls"
+"""``parallel_tool_calls: false`` honoured (true is every engine's default behaviour)."""
+JSON_OBJECT = "json_object"
+JSON_SCHEMA = "json_schema"
+LOGPROBS = "logprobs"
+TOP_LOGPROBS = "top_logprobs"
+PENALTIES = "penalties"
+"""``presence_penalty`` and ``frequency_penalty``."""
+LOGIT_BIAS = "logit_bias"
+SEED = "seed"
+"""Reproducible sampling for a given seed, run to run."""
+IMAGES = "images"
+"""``image_url`` content parts (also needs a model entry that takes images)."""
+ECHO = "echo"
+
+FEATURES = frozenset(
+    {
+        TOOLS, TOOL_CHOICE_REQUIRED, PARALLEL_TOOL_CALLS, JSON_OBJECT, JSON_SCHEMA, LOGPROBS, TOP_LOGPROBS,
+        PENALTIES, LOGIT_BIAS, SEED, IMAGES, ECHO,
+    }
+)  # fmt: skip
+
+# Engine-specific request fields outside OpenAI's spec that some engines understand.
+KNOWN_EXTRAS = frozenset(
+    {
+        "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "typical_p", "length_penalty",
+        "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+        "truncate_prompt_tokens", "use_beam_search", "early_stopping", "top_p_min", "truncate", "watermark",
+        "top_n_tokens", "repeat_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "cache_prompt",
+        "n_probs", "grammar", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What one backend honours.
+
+    ``features``: names from ``FEATURES``. ``extras``: fields outside OpenAI's spec the engine takes
+    (a request carrying another one is not sent there). ``native_n``: the engine answers ``n`` > 1
+    itself; otherwise the gateway asks it ``n`` times. ``tools_in_prompt``: the engine takes raw text,
+    so the gateway renders tools into the prompt with the model's chat template and parses the
+    model's tool calls from its text (needs the model's ``tool_parser``)."""
+
+    features: frozenset[str] = frozenset()
+    extras: frozenset[str] = frozenset()
+    native_n: bool = False
+    tools_in_prompt: bool = False
+    max_top_logprobs: int = 20
+
+    def adjusted(self, enable: frozenset[str] = frozenset(), disable: frozenset[str] = frozenset()) -> Capabilities:
+        """Widened by ``enable`` and narrowed by ``disable`` (feature or extra names, as config says)."""
+        return replace(
+            self,
+            features=(self.features | (enable & FEATURES)) - disable,
+            extras=(self.extras | (enable - FEATURES)) - disable,
+        )
+
+
+def needs(request: GenerationRequest) -> dict[str, str]:
+    """Each feature the request uses, with the parameter that asks for it (first one wins)."""
+    out: dict[str, str] = {}
+    if request.tools and request.tool_choice != "none":
+        out[TOOLS] = "tools"
+        if request.tool_choice == "required" or isinstance(request.tool_choice, dict):
+            out[TOOL_CHOICE_REQUIRED] = "tool_choice"
+        if request.parallel_tool_calls is False:
+            out[PARALLEL_TOOL_CALLS] = "parallel_tool_calls"
+    elif request.messages is not None and any(m.get("tool_calls") or m.get("role") == "tool" for m in request.messages):
+        out[TOOLS] = "messages"  # a tool-call history: the engine must render it
+    fmt = (request.response_format or {}).get("type")
+    if fmt == "json_object":
+        out[JSON_OBJECT] = "response_format"
+    elif fmt == "json_schema":
+        out[JSON_SCHEMA] = "response_format"
+    if request.logprobs:
+        out[LOGPROBS] = "logprobs"
+        if request.top_logprobs:
+            out[TOP_LOGPROBS] = "top_logprobs"
+    if request.presence_penalty or request.frequency_penalty:
+        out[PENALTIES] = "presence_penalty" if request.presence_penalty else "frequency_penalty"
+    if request.logit_bias:
+        out[LOGIT_BIAS] = "logit_bias"
+    if request.seed is not None and not request.greedy:
+        out[SEED] = "seed"  # greedy answers are reproducible anyway
+    if request.echo:
+        out[ECHO] = "echo"
+    if request.messages is not None:
+        for i, m in enumerate(request.messages):
+            content = m.get("content")
+            if isinstance(content, list) and any(p.get("type") == "image_url" for p in content):
+                out[IMAGES] = f"messages[{i}].content"
+                break
+    return out
+
+
+def missing(caps: Capabilities, wanted: dict[str, str], extras: frozenset[str]) -> list[str]:
+    """What ``caps`` lacks of the request's features and extra fields (names, for an explanation)."""
+    lacks = [name for name in wanted if name not in caps.features]
+    lacks += sorted(extras - caps.extras)
+    return lacks
