@@ -11,10 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from backends.capabilities import Capabilities
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(slots=True)
@@ -213,11 +210,12 @@ class Load:
 
 @runtime_checkable
 class Backend(Protocol):
-    """One engine deployment. ``generate`` is an async generator; closing it cancels the work."""
+    """One engine deployment. ``generate`` is an async generator; closing it cancels the work.
+
+    An adapter also declares ``capabilities`` (``backends.capabilities.Capabilities``, read with
+    ``capabilities_of``): a backend without it honours plain text only."""
 
     name: str
-    capabilities: Capabilities
-    """What the engine can honour (see ``backends.capabilities``); the gateway narrows it from config."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]: ...
 

@@ -75,6 +75,15 @@ class Capabilities:
         )
 
 
+PLAIN = Capabilities()
+"""Plain text generation and nothing else: what a backend that declares nothing is taken to do."""
+
+
+def capabilities_of(backend: object) -> Capabilities:
+    caps = getattr(backend, "capabilities", None)
+    return caps if isinstance(caps, Capabilities) else PLAIN
+
+
 def needs(request: GenerationRequest) -> dict[str, str]:
     """Each feature the request uses, with the parameter that asks for it (first one wins)."""
     out: dict[str, str] = {}
