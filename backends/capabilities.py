@@ -9,6 +9,7 @@ serving the model can honour.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from backends.base import GenerationRequest
 
@@ -65,6 +66,8 @@ class Capabilities:
     native_n: bool = False
     tools_in_prompt: bool = False
     max_top_logprobs: int = 20
+    tool_parser: str | None = None
+    """How the model writes tool calls in text (set by the gateway from the model entry)."""
 
     def adjusted(self, enable: frozenset[str] = frozenset(), disable: frozenset[str] = frozenset()) -> Capabilities:
         """Widened by ``enable`` and narrowed by ``disable`` (feature or extra names, as config says)."""
@@ -103,7 +106,7 @@ def needs(request: GenerationRequest) -> dict[str, str]:
     if request.logprobs:
         out[LOGPROBS] = "logprobs"
         if request.top_logprobs:
-            out[TOP_LOGPROBS] = "top_logprobs"
+            out[TOP_LOGPROBS] = "top_logprobs" if request.messages is not None else "logprobs"
     if request.presence_penalty or request.frequency_penalty:
         out[PENALTIES] = "presence_penalty" if request.presence_penalty else "frequency_penalty"
     if request.logit_bias:
@@ -126,3 +129,42 @@ def missing(caps: Capabilities, wanted: dict[str, str], extras: frozenset[str]) 
     lacks = [name for name in wanted if name not in caps.features]
     lacks += sorted(extras - caps.extras)
     return lacks
+
+
+def _text_only(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    return {**message, "content": "".join(p.get("text", "") for p in content if p.get("type") == "text")}
+
+
+def without(request: GenerationRequest, features: list[str], extras: list[str]) -> GenerationRequest:
+    """The request with the fields behind ``features`` and the ``extras`` removed (a tool-call history
+    stays: it cannot be dropped without changing the conversation)."""
+    changes: dict[str, Any] = {}
+    for name in features:
+        if name == TOOLS and request.tools:
+            changes |= {"tools": (), "tool_choice": None, "parallel_tool_calls": None}
+        elif name == TOOL_CHOICE_REQUIRED:
+            changes["tool_choice"] = "auto"
+        elif name == PARALLEL_TOOL_CALLS:
+            changes["parallel_tool_calls"] = None
+        elif name in (JSON_OBJECT, JSON_SCHEMA):
+            changes["response_format"] = None
+        elif name == LOGPROBS:
+            changes |= {"logprobs": False, "top_logprobs": 0}
+        elif name == TOP_LOGPROBS:
+            changes["top_logprobs"] = 0
+        elif name == PENALTIES:
+            changes |= {"presence_penalty": None, "frequency_penalty": None}
+        elif name == LOGIT_BIAS:
+            changes["logit_bias"] = None
+        elif name == SEED:
+            changes["seed"] = None
+        elif name == ECHO:
+            changes["echo"] = False
+        elif name == IMAGES and request.messages is not None:
+            changes["messages"] = [_text_only(m) for m in request.messages]
+    if extras:
+        changes["extra"] = {k: v for k, v in request.extra.items() if k not in extras}
+    return replace(request, **changes) if changes else request

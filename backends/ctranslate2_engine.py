@@ -4,22 +4,91 @@ The model is derived from the GGUF at start (``ct2_convert``); prompts are
 tokenized with the derived ``tokenizer.json``, whose ids match llama.cpp's.
 Generation runs in worker threads; closing the stream stops the token loop,
 which stops CTranslate2 at its next step.
+
+Seeds: CTranslate2 samples with a random generator per engine thread, seeded once, when that thread
+first samples, from the process-wide ``set_random_seed`` value, so setting the seed before a request
+only ever affected a thread that had never sampled. A seeded sampled request therefore runs on a fresh
+``Generator`` (its own new thread, a model load: about a millisecond for the demo model, proportional to
+the model's size for others), with the seed set under a lock held until that thread has drawn its first
+sample. Unseeded and greedy requests use the shared generator as before.
+
+Logprobs are CTranslate2's own log probability of each token (``return_scores``); alternatives come from
+the step's logits over the vocabulary (``return_logits_vocab``; CTranslate2 keeps every step's row until
+the request ends: 4 bytes x vocabulary per token). Both are the model's distribution before temperature,
+after ``repetition_penalty``.
+
+What CTranslate2 cannot do here: OpenAI's additive ``presence_penalty``/``frequency_penalty`` (it has
+only the multiplicative ``repetition_penalty``) and ``logit_bias`` (its logits processors are C++ only:
+the Python API takes none), and constrained decoding (no grammar), so no JSON mode and no forced tool call.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import Chunk, GenerationRequest, Health
+from backends.capabilities import ECHO, LOGPROBS, SEED, TOOLS, TOP_LOGPROBS, Capabilities
 from backends.ct2_convert import TOKENIZER_FILE, derive
 from backends.gguf_file import GgufCache
 from backends.hf_tokenizer import encode
-from backends.inproc import InProcessEngine
+from backends.inproc import InProcessEngine, Step, extra_float, extra_int, seed32
 from backends.text import sized_work
+
+if TYPE_CHECKING:
+    import ctranslate2
+
+# How often a waiting token loop checks whether CTranslate2's job ended without a last step (it failed).
+_POLL_S = 0.1
+
+
+def steps(
+    generator: ctranslate2.Generator, prompt: list[str], options: dict[str, Any], stop: Callable[[], bool]
+) -> Generator[Any, None, None]:
+    """CTranslate2's step results for one prompt, as they are generated (on the caller's thread).
+
+    ``generate_tokens`` takes no ``return_logits_vocab``, so this drives ``generate_batch`` with a step
+    callback itself. The callback runs on CTranslate2's own thread and stops the job when ``stop()``
+    says so; closing this iterator stops it too, and waits for the job to end."""
+    results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    closed = threading.Event()
+
+    def on_step(step: Any) -> bool:
+        results.put(step)
+        return closed.is_set() or stop()
+
+    job = generator.generate_batch(
+        [prompt], asynchronous=True, beam_size=1, include_prompt_in_result=False, callback=on_step, **options
+    )[0]
+    try:
+        while True:
+            try:
+                step = results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if job.done():
+                    job.result()  # raises what failed the job
+                    if results.empty():
+                        return  # ended on a step the callback stopped
+                continue
+            yield step
+            if step.is_last:
+                return
+    finally:
+        closed.set()
+        job.result()  # the job ends at its next step: wait, so the generator is free for the next request
 
 
 class CTranslate2Backend(InProcessEngine):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        features=frozenset({SEED, LOGPROBS, TOP_LOGPROBS, TOOLS, ECHO}),
+        extras=frozenset({"top_k", "repetition_penalty", "ignore_eos", "min_tokens"}),
+        tools_in_prompt=True,
+    )
+
     def __init__(
         self,
         name: str,
@@ -32,13 +101,21 @@ class CTranslate2Backend(InProcessEngine):
         max_queue: int = 64,
         ggufs: GgufCache | None = None,
     ) -> None:
-        import ctranslate2
         from tokenizers import Tokenizer
 
         model_dir, gguf = derive(gguf_path, cache_dir, ggufs)
         super().__init__(name, model_name, gguf.vocab, gguf.context_length, max_concurrency, max_queue)
-        self._generator = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
+        self._model_dir = model_dir
+        self._threads = threads
+        self._generator = self._new_generator()
         self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
+        self._seeding = threading.Lock()
+        """Held from setting the process-wide seed until a fresh generator's thread has sampled with it."""
+
+    def _new_generator(self) -> ctranslate2.Generator:
+        import ctranslate2
+
+        return ctranslate2.Generator(str(self._model_dir), device="cpu", intra_threads=self._threads, inter_threads=1)
 
     async def health(self) -> Health:
         return Health(ok=self._generator.model_is_loaded)
@@ -49,29 +126,68 @@ class CTranslate2Backend(InProcessEngine):
             tokens.insert(0, self._vocab.tokens[self._vocab.bos_id])
         return tokens
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        prompt = await sized_work(request, self._prompt_tokens)
+    def options(self, request: GenerationRequest) -> dict[str, Any]:
+        """``generate_batch``'s arguments for this request."""
         # End tokens are handled by the shared token loop (it honours ignore_eos), not by CTranslate2.
-        options: dict[str, object] = {"max_length": request.max_tokens or self.context_length, "end_token": []}
+        options: dict[str, Any] = {"max_length": request.max_tokens or self.context_length, "end_token": []}
         if request.greedy:
             options["sampling_topk"] = 1
         else:
-            options.update(sampling_topk=0, sampling_topp=request.top_p, sampling_temperature=request.temperature)
-        if request.seed is not None:
-            # CTranslate2's seed is process-wide: a seed is honoured best effort under concurrency.
-            import ctranslate2
+            top_k = extra_int(request, "top_k", 0)
+            options.update(
+                sampling_topk=min(max(0, top_k), len(self._vocab.tokens)),  # more than the vocabulary is all of it
+                sampling_topp=request.top_p,
+                sampling_temperature=request.temperature,
+            )
+        repetition = extra_float(request, "repetition_penalty", 1.0)
+        if repetition != 1.0:
+            options["repetition_penalty"] = repetition
+        min_tokens = extra_int(request, "min_tokens", 0)
+        if min_tokens > 0 and not request.extra.get("ignore_eos"):
+            # CTranslate2 holds off its end tokens until min_length; it then ends on one, as the loop would.
+            options.update(end_token=[self._vocab.tokens[i] for i in sorted(self._stop_ids)], min_length=min_tokens)
+        if request.logprobs:
+            options["return_scores"] = True
+            options["return_logits_vocab"] = request.top_logprobs > 0
+        return options
 
-            ctranslate2.set_random_seed(request.seed)
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        prompt = await sized_work(request, self._prompt_tokens)
+        options = self.options(request)
+        logprobs = self.logprob_maker(request)
+        seeded = request.seed is not None and not request.greedy
 
-        def token_loop(cancelled: Callable[[], bool]) -> Iterator[int]:
-            steps = self._generator.generate_tokens(prompt, **options)
-            try:
-                for step in steps:
-                    yield step.token_id
+        def token_loop(cancelled: Callable[[], bool]) -> Iterator[Step]:
+            if seeded:
+                run = self._seeded(seed32(request.seed or 0), prompt, options, cancelled)
+            else:
+                run = steps(self._generator, prompt, options, cancelled)
+            with closing(run):
+                for step in run:
+                    if logprobs is None:
+                        yield step.token_id
+                    elif logprobs.top:
+                        yield step.token_id, logprobs.from_logits(step.logits, step.token_id)
+                    else:
+                        yield step.token_id, logprobs.known(step.token_id, step.log_prob)
                     if cancelled():
                         return
-            finally:
-                steps.close()  # stops CTranslate2's own generation thread
 
         async for chunk in self.stream(request, len(prompt), token_loop):
             yield chunk
+
+    def _seeded(
+        self, seed: int, prompt: list[str], options: dict[str, Any], cancelled: Callable[[], bool]
+    ) -> Generator[Any, None, None]:
+        """Steps of a fresh generator whose sampling thread is seeded with ``seed`` (worker thread)."""
+        import ctranslate2
+
+        with self._seeding:
+            ctranslate2.set_random_seed(seed)
+            run = steps(self._new_generator(), prompt, options, cancelled)
+            first = next(run, None)  # the fresh thread's first sample seeds its random generator
+        if first is None:
+            return
+        with closing(run):
+            yield first
+            yield from run

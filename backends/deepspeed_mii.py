@@ -18,6 +18,20 @@
   counted, prompt tokens estimated); streams the end token's text, which is cut.
 
 MII exposes no metrics: load is what this gateway has in flight there.
+
+What each carries beyond plain text (``capabilities``), read from MII v0.3.x:
+
+- REST: tools, rendered into the prompt with the model's chat template (the gateway parses the
+  model's calls from the text); ``ignore_eos`` and ``top_k`` as generate kwargs. MII's generate
+  kwargs (GenerateParamsConfig, unknown ones refused) have no seed, penalties, logit bias, logprobs
+  or guided decoding, so none is declared; ``min_new_tokens`` counts the prompt too (MII compares it
+  with the whole sequence length), so OpenAI-style ``min_tokens`` cannot be expressed.
+- OpenAI server: only ``top_k`` beyond plain text. Its request models accept ``presence_penalty``,
+  ``frequency_penalty``, ``user``, completions' ``logprobs``/``echo``/``best_of`` and ignore every
+  other field, but never use them (no logprobs in answers, no penalties in its generate kwargs): none
+  is declared. ``n`` is not native: its stream carries only the first of the ``n`` prompts, and this
+  adapter always streams, so the gateway asks ``n`` times. No tools (its messages must be
+  string-to-string maps, so tool-call history does not even validate) and no ``response_format``.
 """
 
 from __future__ import annotations
@@ -26,12 +40,19 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+from backends import capabilities as cap
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.capabilities import Capabilities
 from backends.http_base import HttpBackend, HttpSettings
 from backends.openai_compat import END_TEXTS, OpenAICompatBackend, to_payload
 from backends.text import StopStrings
 
 GREEDY_TOP_P = 1e-6
+
+REST_CAPABILITIES = Capabilities(
+    features=frozenset({cap.TOOLS}), extras=frozenset({"ignore_eos", "top_k"}), tools_in_prompt=True
+)
+OPENAI_CAPABILITIES = Capabilities(extras=frozenset({"top_k"}))
 
 
 def rest_payload(req: GenerationRequest, prompt: str, default_max_tokens: int) -> dict[str, Any]:
@@ -44,6 +65,9 @@ def rest_payload(req: GenerationRequest, prompt: str, default_max_tokens: int) -
         payload["do_sample"] = False
     else:
         payload |= {"do_sample": True, "temperature": req.temperature, "top_p": req.top_p}
+        top_k = req.extra.get("top_k")
+        if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > 0:  # MII refuses 0 (no limit)
+            payload["top_k"] = top_k
     if isinstance(req.extra.get("ignore_eos"), bool):
         payload["ignore_eos"] = req.extra["ignore_eos"]
     return payload
@@ -63,10 +87,18 @@ class MiiRestBackend(HttpBackend):
     metrics_path = None
     answers_whole: ClassVar[bool] = True
     """The whole answer arrives at once: the gateway applies a whole-answer deadline, not a first-token one."""
+    capabilities: ClassVar[Capabilities] = REST_CAPABILITIES
 
     def __init__(self, name: str, model: str, settings: HttpSettings, deployment: str) -> None:
         super().__init__(name, model, settings)
         self.deployment = deployment
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        """Chat rendered with the model's template, with the tools the model may call (none for
+        ``tool_choice: "none"``): the gateway parses the calls from the answer's text."""
+        if request.messages is None:
+            return request.prompt or ""
+        return self._chat.render(request.messages, request.tools if request.tool_choice != "none" else None)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await self.render_prompt(request)
@@ -94,11 +126,11 @@ class MiiOpenAIBackend(OpenAICompatBackend):
     health_path = "/health"
     metrics_path = None
     ask_usage: ClassVar[bool] = False
-    accepted_extra = frozenset({"top_k", "min_tokens"})
+    capabilities = OPENAI_CAPABILITIES
     end_texts = END_TEXTS  # MII decodes streamed tokens without skipping special ones
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
-        payload = to_payload(request, self.settings.served_model, self.accepted_extra, ask_usage=False)
+        payload = to_payload(request, self.settings.served_model, self.capabilities, ask_usage=False)
         payload.pop("stop", None)
         if request.greedy:
             payload |= {"temperature": 1.0, "top_p": GREEDY_TOP_P}

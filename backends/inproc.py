@@ -8,6 +8,13 @@ ids in a worker thread and turn ids into text deltas here, on the event loop:
   string (``StopStrings``), so no engine streams half a character or part of a stop.
 - ``ThreadedGeneration`` runs a blocking token loop in a thread, hands ids to
   the event loop, and stops the loop when the consumer goes away.
+- ``LogprobMaker`` turns an engine's per-step numbers into OpenAI's logprobs on the
+  worker thread (a log-softmax over the vocabulary is CPU work: never the event loop's).
+  A token's logprobs ride on the first chunk that carries any of its text: text held
+  back (part of a character, or what may become a stop string) keeps its tokens'
+  logprobs waiting until it is sent; when a stop string cuts the answer, the tokens read
+  up to the one that completed it go on the last text chunk, so there is one entry per
+  completion token (end tokens, never counted, have none).
 """
 
 from __future__ import annotations
@@ -18,13 +25,24 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, Usage
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, TokenLogprob, TopLogprob, Usage
 from backends.gguf_file import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
 from backends.text import ChatRenderer, StopStrings
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 SPACE = "\u2581"
+
+Step: TypeAlias = "int | tuple[int, TokenLogprob]"
+"""What a token loop yields: a token id, or the id with its logprobs when the request asked for them."""
+
+TokenLoop: TypeAlias = "Callable[[Callable[[], bool]], Iterable[Step]]"
+"""``token_loop(cancelled)``: the engine's blocking generation, run on a worker thread."""
 
 
 def piece_table(vocab: Vocabulary) -> list[bytes]:
@@ -38,6 +56,63 @@ def piece_table(vocab: Vocabulary) -> list[bytes]:
         else:
             table.append(b"")
     return table
+
+
+def _token_string(piece: bytes, name: str) -> tuple[str, tuple[int, ...]]:
+    """OpenAI's ``token`` and ``bytes`` for one id. A control token prints nothing, so it goes by its
+    name (an alternative may be ``</s>``); a piece that is not whole UTF-8 (a byte token) is spelt
+    ``bytes:\\xNN`` as OpenAI spells such tokens."""
+    if not piece:
+        return name, tuple(name.encode())
+    try:
+        return piece.decode(), tuple(piece)
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece), tuple(piece)
+
+
+class TokenStrings:
+    """Each id's token string and bytes for logprobs, built on first use (O(vocabulary), once)."""
+
+    def __init__(self, vocab: Vocabulary, pieces: list[bytes]) -> None:
+        self._names = vocab.tokens
+        self._pieces = pieces
+
+    @cached_property
+    def table(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [_token_string(p, name) for p, name in zip(self._pieces, self._names, strict=True)]
+
+
+class LogprobMaker:
+    """Builds ``TokenLogprob``s on the worker thread: from the engine's own log probability of the chosen
+    token, or from the step's logits over the whole vocabulary (a log-softmax and a partial sort, both
+    O(vocabulary) per token, in numpy)."""
+
+    def __init__(self, strings: TokenStrings, top: int) -> None:
+        self._table = strings.table
+        self.top = top
+
+    def known(self, token_id: int, logprob: float) -> TokenLogprob:
+        token, raw = self._table[token_id]
+        return TokenLogprob(token, logprob, raw)
+
+    def from_logits(self, logits: npt.ArrayLike, token_id: int) -> TokenLogprob:
+        import numpy as np
+
+        row: npt.NDArray[np.float32] = np.asarray(logits, dtype=np.float32).reshape(-1)
+        peak = row.max()
+        norm = float(peak + np.log(np.exp(row - peak).sum()))
+        token, raw = self._table[token_id]
+        top: tuple[TopLogprob, ...] = ()
+        if self.top:
+            k = min(self.top, row.size)
+            ids = np.argpartition(row, row.size - k)[row.size - k :]
+            ids = ids[np.argsort(-row[ids], kind="stable")]
+            top = tuple(self._alternative(int(i), float(row[i]) - norm) for i in ids)
+        return TokenLogprob(token, float(row[token_id]) - norm, raw, top)
+
+    def _alternative(self, token_id: int, logprob: float) -> TopLogprob:
+        token, raw = self._table[token_id]
+        return TopLogprob(token, logprob, raw)
 
 
 class TextAssembler:
@@ -63,6 +138,14 @@ class TextAssembler:
         return out + self._stops.flush()
 
 
+def _chunk(text: str, pending: list[TokenLogprob]) -> Chunk:
+    if not pending:
+        return Chunk(text=text)
+    chunk = Chunk(text=text, logprobs=tuple(pending))
+    pending.clear()
+    return chunk
+
+
 _DONE = object()
 
 
@@ -86,13 +169,15 @@ class ThreadedGeneration:
     async def run(
         self,
         request: GenerationRequest,
-        token_loop: Callable[[Callable[[], bool]], Iterable[int]],
+        token_loop: TokenLoop,
         prompt_tokens: int,
         pieces: list[bytes],
         stop_ids: frozenset[int],
         max_tokens: int,
+        echo: str = "",
     ) -> AsyncIterator[Chunk]:
-        """Stream chunks from ``token_loop(cancelled)``, an iterator of ids run in a worker thread."""
+        """Stream chunks from ``token_loop(cancelled)``, an iterator of steps run in a worker thread;
+        ``echo`` (the prompt, for completions that ask for it) comes first, once a worker has the request."""
         if self._slots.locked() and self._waiting >= self._max_queue:
             raise BackendError(ErrorKind.OVERLOADED, f"backend {self._name} is at capacity", retry_after=1.0)
         clock = request.clock
@@ -110,12 +195,13 @@ class ThreadedGeneration:
 
         def work() -> None:
             try:
-                for n, token_id in enumerate(token_loop(cancel.is_set), start=1):
+                for n, step in enumerate(token_loop(cancel.is_set), start=1):
                     if cancel.is_set():
                         break
                     with self._count_lock:
                         self.generated_tokens += 1
-                    loop.call_soon_threadsafe(queue.put_nowait, token_id)
+                    loop.call_soon_threadsafe(queue.put_nowait, step)
+                    token_id = step if isinstance(step, int) else step[0]
                     if n >= max_tokens or (token_id in stop_ids and not ignore_eos):
                         break
             except Exception as exc:  # handed to the consumer, who raises it as a BackendError
@@ -127,13 +213,19 @@ class ThreadedGeneration:
         future = self._pool.submit(work)
 
         def release(_: object) -> None:
-            loop.call_soon_threadsafe(self._release)
+            if loop.is_closed():  # the consumer's loop ended first (asyncio.run returned): nothing to race with
+                self._release()
+            else:
+                loop.call_soon_threadsafe(self._release)
 
         future.add_done_callback(release)
         text = TextAssembler(pieces, request.stop)
+        pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
         completion = 0
         finish = "length"
         try:
+            if echo:
+                yield Chunk(text=echo)
             while True:
                 waiting = time.perf_counter()
                 item = await queue.get()
@@ -142,6 +234,10 @@ class ThreadedGeneration:
                     break
                 if isinstance(item, Exception):
                     raise BackendError(ErrorKind.UPSTREAM, f"{self._name}: {item}") from item
+                if type(item) is tuple:
+                    item, logprob = item
+                    if item not in stop_ids or ignore_eos:
+                        pending.append(logprob)
                 if item in stop_ids and not ignore_eos:
                     finish = "stop"
                     break
@@ -149,13 +245,14 @@ class ThreadedGeneration:
                 delta = text.feed(item)
                 if text.stopped:
                     finish = "stop"
-                    if delta:
-                        yield Chunk(text=delta)
+                    if delta or pending:
+                        yield _chunk(delta, pending)
                     break
                 if delta:
-                    yield Chunk(text=delta)
+                    yield _chunk(delta, pending)
             tail = "" if text.stopped else text.flush()
-            yield Chunk(text=tail, finish_reason=finish, usage=Usage(prompt_tokens, completion))
+            usage = Usage(prompt_tokens, completion)
+            yield Chunk(text=tail, finish_reason=finish, usage=usage, logprobs=tuple(pending))
         finally:
             cancel.set()
 
@@ -191,6 +288,31 @@ def check_context(request: GenerationRequest, prompt_tokens: int, context: int) 
     return request.max_tokens
 
 
+def seed32(seed: int) -> int:
+    """OpenAI's seed (any integer) as the engines' unsigned 32 bits, never 0xFFFFFFFF (llama.cpp's "random")."""
+    return seed % 0xFFFFFFFF
+
+
+def _extra(request: GenerationRequest, name: str, types: tuple[type, ...]) -> Any:
+    # Engine-specific fields arrive untyped from the client: a string must not reach the engine's C code.
+    value = request.extra.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+        raise BackendError(ErrorKind.BAD_REQUEST, f"'{name}' must be a number", param=name)
+    return value
+
+
+def extra_int(request: GenerationRequest, name: str, default: int) -> int:
+    """An integer engine-specific field (``top_k``, ``min_tokens``, ...), else a 400 naming it."""
+    value = _extra(request, name, (int,))
+    return default if value is None else int(value)
+
+
+def extra_float(request: GenerationRequest, name: str, default: float) -> float:
+    """A numeric engine-specific field (``min_p``, ``repetition_penalty``, ...), else a 400 naming it."""
+    value = _extra(request, name, (int, float))
+    return default if value is None else float(value)
+
+
 class InProcessEngine:
     """What both in-process backends share: one GGUF vocabulary, its chat template, a worker pool.
 
@@ -206,6 +328,7 @@ class InProcessEngine:
         self._model_name = model_name
         self._vocab = vocab
         self._pieces = piece_table(vocab)
+        self._strings = TokenStrings(vocab, self._pieces)
         self._stop_ids = frozenset(vocab.stop_ids)
         self._chat = ChatRenderer(vocab.chat_template)
         self._workers = ThreadedGeneration(name, slots, max_queue)
@@ -226,9 +349,12 @@ class InProcessEngine:
     def prompt_text(self, request: GenerationRequest) -> str:
         return self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
 
-    def stream(
-        self, request: GenerationRequest, prompt_tokens: int, token_loop: Callable[[Callable[[], bool]], Iterable[int]]
-    ) -> AsyncIterator[Chunk]:
+    def logprob_maker(self, request: GenerationRequest) -> LogprobMaker | None:
+        """Where the worker builds logprobs, when the request asked for them."""
+        return LogprobMaker(self._strings, request.top_logprobs) if request.logprobs else None
+
+    def stream(self, request: GenerationRequest, prompt_tokens: int, token_loop: TokenLoop) -> AsyncIterator[Chunk]:
         """Checks the context room, then streams what ``token_loop`` generates on a worker thread."""
         max_tokens = check_context(request, prompt_tokens, self.context_length)
-        return self._workers.run(request, token_loop, prompt_tokens, self._pieces, self._stop_ids, max_tokens)
+        echo = (request.prompt or "") if request.echo and request.messages is None else ""
+        return self._workers.run(request, token_loop, prompt_tokens, self._pieces, self._stop_ids, max_tokens, echo)

@@ -3,10 +3,39 @@
 Health: ``/health`` answers 503 while the model loads. Load: ``/metrics``
 (only with ``--metrics``): requests processing and deferred; the kv-cache
 gauges were removed from llama-server in 2025 and are read only when present.
+
+Capabilities, checked against the llama-server ``make test`` builds (llama-cpp-python 0.3.36's
+vendored llama.cpp, build ``b1-0c1e570``); every field goes out as OpenAI spells it:
+
+- ``tools`` (``tool_choice`` "auto"/"none", tool-call history): with ``--jinja``, through the model's
+  chat template; the calls come back as OpenAI's ``tool_calls`` when the template's format is one
+  llama.cpp parses.
+- Not ``tool_choice`` "required" or a named function: a named choice is refused as not a string
+  (logged, then ignored), and "required" does not force a call from the first token: the grammar lets
+  free text run first, so the demo model wrote text until ``max_tokens`` without calling.
+- Not ``parallel_tool_calls: false`` as a capability: not checked against an engine answer.
+- ``json_object`` / ``json_schema``: grammars made from the schema (``response_format``).
+- ``logprobs`` / ``top_logprobs``: chat's format on both routes (``/v1/completions`` too); chat
+  without ``top_logprobs`` still lists alternatives, and completions' ``logprobs: 0`` returns none,
+  so the adapter asks for one alternative and keeps what the client asked for.
+- Penalties, ``logit_bias`` (token ids as string keys), ``seed`` (reproducible run to run).
+- ``n``: native, one slot per choice; usage comes once per choice and is added up.
+- images: ``image_url`` parts go as they are; llama-server answers them only with ``--mmproj`` ("image
+  input is not supported" otherwise), which the model entry says.
+- Not ``echo``: the answer never repeats the prompt.
+- Cached prompt tokens: ``usage.prompt_tokens_details.cached_tokens`` (also ``timings.cache_n``).
+
+Extras: llama.cpp's sampling fields (``top_k``, ``min_p``, ``repeat_penalty``, ``typical_p``,
+``mirostat``...), ``ignore_eos``, ``cache_prompt`` and a GBNF ``grammar``.
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
+from backends import capabilities as cap
+from backends.base import GenerationRequest
+from backends.capabilities import Capabilities
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
 
@@ -16,9 +45,31 @@ LOAD = LoadMap(
     kv_cache=Gauge(("llamacpp:kv_cache_usage_ratio",)),
 )
 
+FEATURES = frozenset(
+    {
+        cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES,
+        cap.LOGIT_BIAS, cap.SEED, cap.IMAGES,
+    }
+)  # fmt: skip
+EXTRAS = frozenset(
+    {
+        "top_k", "min_p", "repeat_penalty", "typical_p", "mirostat", "mirostat_tau", "mirostat_eta",
+        "ignore_eos", "cache_prompt", "grammar",
+    }
+)  # fmt: skip
+CAPABILITIES = Capabilities(FEATURES, EXTRAS, native_n=True)
+
 
 class LlamaServerBackend(OpenAICompatBackend):
     engine = "llama_server"
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
+    usage_per_choice = True
+
+    def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
+        fields = super().engine_fields(request)
+        if request.messages is None and fields.get("logprobs") == 0:
+            fields["logprobs"] = 1  # 0 would return no log probabilities at all
+        return fields

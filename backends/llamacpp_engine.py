@@ -4,20 +4,142 @@ A ``Llama`` object is not thread-safe, so each model has exactly one worker
 thread; other requests wait for it (bounded by ``max_queue``). The prompt is
 tokenized by llama.cpp itself, and text is assembled from the GGUF's pieces
 with the same rules as the CTranslate2 backend, so both print alike.
+
+Everything a request asks for is done by llama.cpp's own sampler chain, built
+per request by ``Llama.generate``: the seed goes to its sampler, penalties to its
+penalties sampler (whose window is the whole context, so they count every
+generated token as OpenAI's do), ``response_format`` and a forced tool call to
+its grammar sampler. The one Python step in the chain, added only when needed, is
+a logits processor: it runs first on each token, on the worker thread, and reads
+the raw logits for logprobs (the model's distribution, before bias, penalties,
+grammar and temperature, as vLLM reports them by default), then adds
+``logit_bias`` and holds off end tokens for ``min_tokens``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import Chunk, GenerationRequest, Health
+from backends.capabilities import (
+    ECHO,
+    JSON_OBJECT,
+    JSON_SCHEMA,
+    LOGIT_BIAS,
+    LOGPROBS,
+    PENALTIES,
+    SEED,
+    TOOL_CHOICE_REQUIRED,
+    TOOLS,
+    TOP_LOGPROBS,
+    Capabilities,
+)
 from backends.gguf_file import GgufCache
-from backends.inproc import InProcessEngine
+from backends.inproc import InProcessEngine, LogprobMaker, Step, extra_float, extra_int, seed32
 from backends.text import sized_work
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+# llama.cpp's "no seed": its sampler draws a random one. Set for unseeded requests, or a seeded request
+# would leave its seed behind for every later one.
+RANDOM_SEED = 0xFFFFFFFF
+
+
+def _call_schema(tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON a forced call must be: ``{"name", "arguments"}`` of the named tool, or of any tool."""
+
+    def shape(fn: dict[str, Any]) -> dict[str, Any]:
+        params = fn.get("parameters") or {"type": "object"}
+        return {
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+        }
+
+    fns = [t["function"] for t in tools if t.get("type", "function") == "function"]
+    if isinstance(choice, dict):
+        wanted = choice["function"]["name"]
+        fns = [fn for fn in fns if fn["name"] == wanted] or fns
+    return shape(fns[0]) if len(fns) == 1 else {"anyOf": [shape(fn) for fn in fns]}
+
+
+def grammar_text(request: GenerationRequest) -> str | None:
+    """The GBNF that constrains this answer, or None: JSON for ``response_format``, a Hermes
+    ``<tool_call>`` around a call of the tools' schemas for ``tool_choice`` required or named."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    choice = request.tool_choice
+    if request.tools and (choice == "required" or isinstance(choice, dict)):
+        call = str(json_schema_to_gbnf(json.dumps(_call_schema(request.tools, choice))))
+        # The converter names its top rule "root": it becomes the call inside the tags.
+        call = call.replace("root ::=", "tool-call ::=", 1)
+        return f'root ::= "<tool_call>\\n" tool-call "\\n</tool_call>"\n{call}'
+    fmt = request.response_format or {}
+    if fmt.get("type") == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
+        return str(json_schema_to_gbnf(json.dumps(schema)))
+    if fmt.get("type") == "json_object":
+        # The converter's object grammar bounds whitespace; llama.cpp's JSON_GBNF lets a model pad forever.
+        return str(json_schema_to_gbnf(json.dumps({"type": "object"})))
+    return None
+
+
+class StepProcessor:
+    """The logits processor: reads raw logits for logprobs, adds ``logit_bias``, holds off end tokens
+    until ``min_tokens``. Called by llama.cpp once per generated token, on the worker thread, with the
+    logits of every id in id order."""
+
+    def __init__(
+        self,
+        logprobs: LogprobMaker | None,
+        bias: dict[int, float] | None,
+        stop_ids: frozenset[int],
+        min_tokens: int,
+        n_vocab: int,
+    ) -> None:
+        import numpy as np
+
+        self.logprobs = logprobs
+        self.last: npt.NDArray[np.float32] | None = None
+        ids = [i for i in (bias or {}) if 0 <= i < n_vocab]  # an id the model lacks has nothing to bias
+        self._bias_ids = np.array(ids, dtype=np.intp)
+        self._bias = np.array([(bias or {})[i] for i in ids], dtype=np.float32)
+        self._stop_ids = np.array(sorted(stop_ids), dtype=np.intp)
+        self._hold_stops = min_tokens
+        self._steps = 0
+
+    def __call__(self, input_ids: npt.NDArray[np.intc], scores: npt.NDArray[np.single]) -> npt.NDArray[np.single]:
+        if self.logprobs is not None:
+            self.last = scores.copy()
+        if self._bias_ids.size:
+            scores[self._bias_ids] += self._bias
+        if self._steps < self._hold_stops:
+            scores[self._stop_ids] = float("-inf")
+        self._steps += 1
+        return scores
+
+
+_FEATURES = frozenset(
+    {SEED, LOGPROBS, TOP_LOGPROBS, PENALTIES, LOGIT_BIAS, JSON_OBJECT, JSON_SCHEMA, TOOLS, TOOL_CHOICE_REQUIRED, ECHO}
+)
+# Only fields that take effect: llama-cpp-python takes tfs_z but its sampler chain ignores it.
+_EXTRAS = frozenset(
+    {
+        "top_k", "min_p", "typical_p", "repetition_penalty", "repeat_penalty", "ignore_eos", "min_tokens",
+        "mirostat", "mirostat_tau", "mirostat_eta",
+    }
+)  # fmt: skip
 
 
 class LlamaCppBackend(InProcessEngine):
+    capabilities: ClassVar[Capabilities] = Capabilities(features=_FEATURES, extras=_EXTRAS, tools_in_prompt=True)
+
     def __init__(
         self,
         name: str,
@@ -34,7 +156,15 @@ class LlamaCppBackend(InProcessEngine):
         gguf = (ggufs or GgufCache()).header(gguf_path)
         context = min(n_ctx or gguf.context_length, gguf.context_length)
         super().__init__(name, model_name, gguf.vocab, context, 1, max_queue)
-        self._llama = Llama(str(gguf_path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
+        # The penalties window is the whole context: OpenAI's penalties count every token generated so far.
+        self._llama = Llama(
+            str(gguf_path),
+            n_ctx=context,
+            n_threads=threads,
+            n_threads_batch=threads,
+            last_n_tokens_size=context,
+            verbose=False,
+        )
 
     async def health(self) -> Health:
         return Health(ok=True)
@@ -46,20 +176,63 @@ class LlamaCppBackend(InProcessEngine):
         )
         return ids
 
+    def sampling(self, request: GenerationRequest) -> dict[str, Any]:
+        """``Llama.generate``'s sampling arguments for this request."""
+        # vLLM's name for it, or llama.cpp's own.
+        repeat = extra_float(request, "repetition_penalty", extra_float(request, "repeat_penalty", 1.0))
+        options: dict[str, Any] = {
+            "repeat_penalty": repeat,
+            "presence_penalty": request.presence_penalty or 0.0,
+            "frequency_penalty": request.frequency_penalty or 0.0,
+        }
+        if request.greedy:  # top-k 1; penalties and bias still shape which token that is
+            return {**options, "temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0}
+        # Otherwise plain temperature and nucleus sampling over the whole vocabulary, unless asked.
+        return {
+            **options,
+            "temp": request.temperature,
+            "top_p": request.top_p,
+            "top_k": max(0, extra_int(request, "top_k", 0)),
+            "min_p": extra_float(request, "min_p", 0.0),
+            "typical_p": extra_float(request, "typical_p", 1.0),
+            "mirostat_mode": extra_int(request, "mirostat", 0),
+            "mirostat_tau": extra_float(request, "mirostat_tau", 5.0),
+            "mirostat_eta": extra_float(request, "mirostat_eta", 0.1),
+        }
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await sized_work(request, self._prompt_ids)
         llama = self._llama
-        # Greedy is top-k 1; otherwise plain temperature and nucleus sampling over the whole vocabulary.
-        temp, top_k, top_p = (0.0, 1, 1.0) if request.greedy else (request.temperature, 0, request.top_p)
+        options = self.sampling(request)
+        logprobs = self.logprob_maker(request)
+        min_tokens = extra_int(request, "min_tokens", 0)
+        ignore_eos = bool(request.extra.get("ignore_eos", False))
+        needs_processor = logprobs is not None or bool(request.logit_bias) or (min_tokens > 0 and not ignore_eos)
 
-        def token_loop(cancelled: Callable[[], bool]) -> Iterator[int]:
+        def token_loop(cancelled: Callable[[], bool]) -> Iterator[Step]:
             # Runs on the single worker thread: the only place this Llama is touched.
-            if request.seed is not None:
-                llama.set_seed(request.seed)
-            for token_id in llama.generate(prompt, top_k=top_k, top_p=top_p, min_p=0.0, temp=temp, reset=True):
-                yield token_id
+            from llama_cpp import LogitsProcessorList
+
+            llama.set_seed(seed32(request.seed) if request.seed is not None else RANDOM_SEED)
+            grammar = _grammar(request)  # built here: converting a large schema is CPU work
+            processor = None
+            if needs_processor:
+                processor = StepProcessor(logprobs, request.logit_bias, self._stop_ids, min_tokens, llama.n_vocab())
+                options["logits_processor"] = LogitsProcessorList([processor])
+            for token_id in llama.generate(prompt, reset=True, grammar=grammar, **options):
+                if processor is not None and processor.logprobs is not None and processor.last is not None:
+                    yield token_id, processor.logprobs.from_logits(processor.last, token_id)
+                else:
+                    yield token_id
                 if cancelled():
                     return
 
         async for chunk in self.stream(request, len(prompt), token_loop):
             yield chunk
+
+
+def _grammar(request: GenerationRequest) -> LlamaGrammar | None:
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    text = grammar_text(request)
+    return LlamaGrammar.from_string(text, verbose=False) if text is not None else None

@@ -3,14 +3,69 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from backends.base import GenerationRequest
 
+# ChatML, with tools rendered as Qwen2.5's template renders them (Hermes-style <tool_call> answers):
+# the template for models that bring none, and the demo model's own. Without tools a conversation
+# renders as plain ChatML. One line on purpose: no literal whitespace outside the tags, so engines
+# with or without trim_blocks/lstrip_blocks (jinja2, transformers, llama.cpp's minja) agree byte for byte.
+# Each tool is written field by field rather than ``tool | tojson``: engines re-serialise tools
+# differently (vLLM adds ``"description": null``, llama-server ``"description": ""``).
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTSCRIPT = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
+
+
+def _jinja_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
 CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}"
+    "{{- " + _jinja_str(TOOLS_PREAMBLE) + " -}}"
+    "{%- for tool in tools -%}"
+    "{%- if tool.function is defined -%}{%- set tool = tool.function -%}{%- endif -%}"
+    '{{- \'\\n{"type": "function", "function": {"name": \' + (tool.name | tojson) -}}'
+    "{%- if tool.description -%}{{- ', \"description\": ' + (tool.description | tojson) -}}{%- endif -%}"
+    "{%- if tool.parameters is defined and tool.parameters is not none -%}"
+    "{{- ', \"parameters\": ' + (tool.parameters | tojson) -}}{%- endif -%}"
+    "{{- '}' + '}' -}}"
+    "{%- endfor -%}"
+    "{{- " + _jinja_str(TOOLS_POSTSCRIPT + "<|im_end|>\n") + " -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' and loop.first and tools -%}"
+    "{%- elif message.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif message.role == 'assistant' and message.tool_calls -%}"
+    "{{- '<|im_start|>assistant' -}}"
+    "{%- if message.content -%}{{- '\\n' + message.content -}}{%- endif -%}"
+    "{%- for call in message.tool_calls -%}"
+    "{%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' -}}'
+    "{%- if call.arguments is string -%}{{- call.arguments -}}{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 
@@ -44,17 +99,71 @@ async def sized_work(request: GenerationRequest, work: Callable[[GenerationReque
     return await asyncio.to_thread(work, request)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: json.dumps as it is. Jinja's own sorts keys and escapes ``<>&'``, which
+    would render tools differently from every engine that applies the same template."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
+
+
+def _plain(messages: list[dict[str, Any]]) -> bool:
+    return all(type(m.get("content")) is str and "tool_calls" not in m for m in messages)
+
+
+def _arguments(raw: Any) -> Any:
+    """A tool call's arguments as templates expect them (a mapping), from OpenAI's JSON string."""
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            return raw  # not JSON: the template prints the string as it is
+        return parsed if isinstance(parsed, dict) else raw
+    return raw
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or "arguments" not in function:
+        return call
+    return {**call, "function": {**function, "arguments": _arguments(function["arguments"])}}
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """One OpenAI message as Hugging Face chat templates expect it: content a string (None is "", text
+    parts joined by newlines as vLLM and llama-server join them; parts with images stay a list) and
+    assistant tool calls' arguments a mapping."""
+    content = message.get("content")
+    out = message
+    if content is None:
+        out = {**message, "content": ""}
+    elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        out = {**message, "content": "\n".join(str(p.get("text", "")) for p in content)}
+    calls = message.get("tool_calls")
+    if calls:
+        out = {**out, "tool_calls": [_call(c) if isinstance(c, dict) else c for c in calls]}
+    return out
+
+
 class ChatRenderer:
-    """Renders messages with a model's chat template (ChatML when it has none), for engines that take text."""
+    """Renders messages (and tools) with a model's chat template, ChatML when it has none, for engines
+    that take text."""
 
     def __init__(self, template: str | None) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(template or CHATML)
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=True)
+    def render(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The prompt for ``messages`` with the generation prompt appended; ``tools`` are OpenAI function
+        tools, passed to the template as ``tools`` the way transformers passes them."""
+        if not tools and _plain(messages):  # the common request: nothing to copy
+            return self._template.render(messages=messages, add_generation_prompt=True)
+        return self._template.render(
+            messages=[template_message(m) for m in messages],
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+        )
 
 
 class _Prefix:

@@ -9,32 +9,103 @@ temperature and a ``top_p`` of 1 is left out. TGI keeps the stop sequence in its
 text; OpenAI's clients expect it removed, so stops are also enforced here.
 ``/info`` gives the context limits; load comes from ``tgi_queue_size`` and
 ``tgi_batch_current_size``.
+
+Capabilities, in TGI's own wire form (``tgi_grammar`` and ``TgiMessagesBackend`` say why each is
+shaped as it is): structured output is TGI's grammar (``parameters.grammar`` natively,
+``response_format`` in TGI's ``GrammarType`` shape on the Messages API); log probabilities are every
+token's ``logprob`` with ``top_n_tokens`` alternatives (at most 5, TGI's default
+``--max-top-n-tokens``); seeds are TGI's u64 ``seed``. Natively the gateway renders tools into the
+prompt and parses the model's calls; the Messages API does function calling itself (a grammar
+forcing one call). Not declared, because TGI does not do what OpenAI means: ``presence_penalty``
+(the Messages API turns it into ``repetition_penalty = presence + 2``), ``frequency_penalty`` (TGI
+divides the counts by the sequence length), ``logit_bias`` and ``n`` (accepted by the Messages API
+and unused).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import orjson
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Usage
+from backends import capabilities as cap
+from backends.base import (
+    BackendError,
+    Chunk,
+    ErrorKind,
+    GenerationRequest,
+    Health,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from backends.capabilities import Capabilities
 from backends.http_base import HttpBackend
-from backends.openai_compat import END_TEXTS, FINISH, OpenAICompatBackend
+from backends.openai_compat import END_TEXTS, FINISH, NO_LOGPROB, OpenAICompatBackend, parse_chunk, prompt_text
 from backends.prom_text import Gauge, LoadMap
-from backends.text import StopStrings
+from backends.text import StopStrings, estimate_tokens
 
 LOAD = LoadMap(running=Gauge(("tgi_batch_current_size",)), waiting=Gauge(("tgi_queue_size",)))
 
-# Native generation parameters a client may send as extra fields.
-NATIVE_EXTRA = frozenset({"top_k", "repetition_penalty", "frequency_penalty", "typical_p", "truncate", "watermark"})
-# Messages API fields beyond the ones to_payload writes itself.
-MESSAGES_EXTRA = frozenset(
-    {"frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs", "n", "response_format"}
-)
+MAX_TOP_N_TOKENS = 5
+"""TGI's default ``--max-top-n-tokens``: more alternatives per token are refused with a 422."""
+
+# Native generation parameters a client may send as extra fields, each taking effect as TGI documents
+# it. ``top_n_tokens`` is not one: its answer (``top_tokens``) is reached through ``top_logprobs``.
+NATIVE_EXTRAS = frozenset({"top_k", "repetition_penalty", "typical_p", "truncate", "watermark"})
 
 
-def native_payload(req: GenerationRequest, prompt: str, default_max_tokens: int) -> dict[str, Any]:
+def _json_regex(depth: int) -> str:
+    """A regular expression for one JSON object whose values nest at most ``depth`` levels, written in
+    the syntax TGI's regex grammars share with Python and Rust (no escapes beyond ``\\``)."""
+    ws = "[ ]?"
+    string = r'"([^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+    number = r"-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?[0-9]+)?"
+    value = f"({string}|{number}|true|false|null)"
+    obj = arr = ""
+    for _ in range(depth + 1):
+        if obj:
+            value = f"({value}|{obj}|{arr})"
+        member = f"{string}{ws}:{ws}{value}"
+        obj = rf"\{{{ws}({member}({ws},{ws}{member})*)?{ws}\}}"
+        arr = rf"\[{ws}({value}({ws},{ws}{value})*)?{ws}\]"
+    return obj
+
+
+JSON_OBJECT_REGEX = _json_regex(2)
+"""``json_object`` as a TGI grammar. TGI's ``json`` grammar needs a schema with ``properties`` and then
+allows only those keys (``{"type": "object"}`` is refused, ``{"properties": {}}`` forces ``{}``): its
+``regex`` grammar is the only way to "any JSON object"."""
+
+
+def tgi_grammar(response_format: dict[str, Any], messages_api: bool) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` as TGI's ``GrammarType``: ``{"type": "json", "value": schema}``
+    natively, ``{"type": "json_schema", "value": {name, schema}}`` on the Messages API (its mirror of
+    OpenAI's form); ``strict`` needs nothing, TGI always constrains. None for plain text."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return {"type": "regex", "value": JSON_OBJECT_REGEX}
+    if kind != "json_schema":
+        return None
+    spec = response_format.get("json_schema") or {}
+    schema = spec.get("schema") or {}
+    if not messages_api:
+        return {"type": "json", "value": schema}
+    value = {"schema": schema} | ({"name": spec["name"]} if spec.get("name") else {})
+    return {"type": "json_schema", "value": value}
+
+
+def tgi_seed(seed: int) -> int:
+    """TGI's seed is a u64; OpenAI's any int64: the same 64 bits, so a seed reproduces run to run."""
+    return seed % (1 << 64)
+
+
+def native_payload(
+    req: GenerationRequest, prompt: str, default_max_tokens: int, extras: frozenset[str] = NATIVE_EXTRAS
+) -> dict[str, Any]:
     params: dict[str, Any] = {"max_new_tokens": req.max_tokens or default_max_tokens, "details": True}
     if req.greedy:
         params["do_sample"] = False
@@ -46,16 +117,39 @@ def native_payload(req: GenerationRequest, prompt: str, default_max_tokens: int)
     if req.stop:
         params["stop"] = list(req.stop)
     if req.seed is not None:
-        params["seed"] = req.seed
-    params |= {k: v for k, v in req.extra.items() if k in NATIVE_EXTRA}
+        params["seed"] = tgi_seed(req.seed)
+    if req.extra:
+        params |= {k: v for k, v in req.extra.items() if k in extras}
+    if req.response_format is not None:
+        grammar = tgi_grammar(req.response_format, messages_api=False)
+        if grammar is not None:
+            params["grammar"] = grammar
+    if req.logprobs and req.top_logprobs:
+        params["top_n_tokens"] = min(req.top_logprobs, MAX_TOP_N_TOKENS)
     return {"inputs": prompt, "parameters": params}
 
 
-class _TgiHealth(HttpBackend):
+def native_logprob(token: dict[str, Any], top_tokens: list[dict[str, Any]] | None, top: int) -> TokenLogprob:
+    """A streamed ``token`` (and its ``top_tokens``) as OpenAI's log probability entry."""
+    text = str(token.get("text", ""))
+    raw = token.get("logprob")
+    alternatives = tuple(
+        TopLogprob(
+            str(t.get("text", "")),
+            NO_LOGPROB if t.get("logprob") is None else float(t["logprob"]),
+            tuple(str(t.get("text", "")).encode()),
+        )
+        for t in (top_tokens or ())[:top]
+    )
+    return TokenLogprob(text, NO_LOGPROB if raw is None else float(raw), tuple(text.encode()), alternatives)
+
+
+class _TgiBase(HttpBackend):
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
     info: dict[str, Any] | None = None
+    native_extras: ClassVar[frozenset[str]] = NATIVE_EXTRAS
 
     async def health(self) -> Health:
         health = await super().health()
@@ -72,24 +166,22 @@ class _TgiHealth(HttpBackend):
         value = (self.info or {}).get("max_total_tokens")
         return int(value) if isinstance(value, int) else None
 
-
-class TgiBackend(_TgiHealth):
-    """TGI's native ``/generate_stream``."""
-
-    engine = "tgi"
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def native(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        """The request on TGI's native ``/generate_stream``."""
         prompt = await self.render_prompt(request)
         stops = StopStrings(request.stop)
         details: dict[str, Any] | None = None
-        async with self.open_stream(
-            request, "/generate_stream", native_payload(request, prompt, self.settings.default_max_tokens)
-        ) as response:
+        want_logprobs, top = request.logprobs, request.top_logprobs
+        payload = native_payload(request, prompt, self.settings.default_max_tokens, self.native_extras)
+        async with self.open_stream(request, "/generate_stream", payload) as response:
             async for doc in self.json_events(request, response):
                 token = doc.get("token") or {}
                 if not token.get("special") and not stops.stopped:
                     text = stops.feed(str(token.get("text", "")))
-                    if text:
+                    if want_logprobs:
+                        # The token's entry goes with what it let through, "" while a stop may be starting.
+                        yield Chunk(text=text, logprobs=(native_logprob(token, doc.get("top_tokens"), top),))
+                    elif text:
                         yield Chunk(text=text)
                 if doc.get("details") is not None:
                     details = doc["details"]
@@ -101,10 +193,176 @@ class TgiBackend(_TgiHealth):
         yield Chunk(text=stops.flush(), finish_reason=FINISH.get(raw, raw), usage=usage)
 
 
-class TgiMessagesBackend(_TgiHealth, OpenAICompatBackend):
-    """TGI's Messages API (``/v1/chat/completions``, ``/v1/completions``)."""
+class TgiBackend(_TgiBase):
+    """TGI's native ``/generate_stream``: raw text in, so tools are rendered into the prompt by the
+    model's chat template and the gateway parses the calls (``tools_in_prompt``)."""
+
+    engine = "tgi"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        features=frozenset({cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED}),
+        extras=NATIVE_EXTRAS,
+        tools_in_prompt=True,
+        max_top_logprobs=MAX_TOP_N_TOKENS,
+    )
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        return self.native(request)
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        if request.tools and request.messages is not None:
+            return self._chat.render(request.messages, tools=list(request.tools))
+        return super().prompt_text(request)
+
+
+@dataclass(slots=True)
+class _Call:
+    """One tool call of a Messages API stream while its arguments arrive."""
+
+    arguments: str = ""
+    held: str = ""
+    """TGI's opening ``{``, held until what follows shows whether TGI's cut left a comma after it."""
+    opened: bool = False
+
+
+def _argument_piece(call: _Call, fragment: str) -> str:
+    """What of ``fragment`` to stream now. TGI names the function once its JSON parses with two braces
+    added, streams ``{`` in place of the token that did it, then the rest of the tokens: when that token
+    closed the name's string, the next one starts with the comma that separated the name from the
+    arguments (``{, "city": ...``), which is cut here."""
+    if call.opened:
+        call.arguments += fragment
+        return fragment
+    if not fragment:
+        return ""
+    held = call.held + fragment
+    body = held.lstrip()
+    if not body.startswith("{") or body[1:].strip():
+        rest = body[1:].lstrip() if body.startswith("{") else ""
+        if rest.startswith(","):
+            held = "{" + rest[1:]
+        call.opened, call.held = True, ""
+        call.arguments += held
+        return held
+    call.held = held
+    return ""
+
+
+def _closing(call: _Call) -> str:
+    """The end of a call's arguments that TGI never sent: its opening brace when it was all there was
+    (a function without arguments), or the closing brace TGI trims once too often."""
+    text = call.arguments + call.held
+    for tail in ("", "}"):
+        try:
+            orjson.loads(text + tail)
+        except orjson.JSONDecodeError:
+            continue
+        return call.held + tail
+    return call.held
+
+
+def tgi_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History as TGI's ``Message`` reads it: an assistant turn is text *or* tool calls (an untagged
+    enum tried in that order), so an empty ``content`` beside ``tool_calls`` would hide the calls."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls") and not m.get("content"):
+            m = {k: v for k, v in m.items() if k != "content"}
+        out.append(m)
+    return out
+
+
+MESSAGES_FEATURES = frozenset(
+    {
+        cap.TOOLS, cap.TOOL_CHOICE_REQUIRED, cap.PARALLEL_TOOL_CALLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS,
+        cap.TOP_LOGPROBS, cap.SEED, cap.IMAGES,
+    }
+)  # fmt: skip
+
+
+class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
+    """TGI's Messages API (``/v1/chat/completions``, ``/v1/completions``).
+
+    Function calling is TGI's own: ``tools`` and ``tool_choice`` go as OpenAI sends them (TGI reads
+    the same shapes), TGI forces one call with a grammar ("auto" adds a ``no_tool`` choice, after
+    which TGI generates a plain answer) and streams it as ``delta.tool_calls`` pieces, mapped here to
+    OpenAI's order (id and name, then argument fragments) with ``finish_reason`` "tool_calls" (TGI
+    sends no finish reason after a call). One call per answer, so ``parallel_tool_calls: false``
+    always holds. TGI's ``/v1/completions`` takes neither logprobs nor grammars: completion requests
+    that ask for them go to the same engine's native route."""
 
     engine = "tgi_messages"
-    accepted_extra = MESSAGES_EXTRA
+    capabilities: ClassVar[Capabilities] = Capabilities(features=MESSAGES_FEATURES, max_top_logprobs=MAX_TOP_N_TOKENS)
+    native_extras: ClassVar[frozenset[str]] = frozenset()
     trusts_event_status = False  # TGI writes http_status_code 422 on every chat stream error
     end_texts = END_TEXTS  # its completions stream ends with the end token's text
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        if request.messages is None:
+            if request.logprobs or request.response_format is not None:
+                return self.native(request)
+        elif request.tools and request.tool_choice != "none":
+            return self._with_tools(request)
+        return super().generate(request)
+
+    def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
+        fields = super().engine_fields(request)
+        if request.tool_choice == "none":
+            # TGI renders no tools for "none"; without them a response_format is not refused as
+            # "Grammar and tools are mutually exclusive".
+            fields["tools"] = fields["tool_choice"] = None
+        fields["parallel_tool_calls"] = fields["user"] = None  # not TGI's fields (see the class)
+        fmt = fields.get("response_format")
+        if fmt is not None:
+            fields["response_format"] = tgi_grammar(fmt, messages_api=True)
+        if fields.get("top_logprobs"):
+            fields["top_logprobs"] = min(fields["top_logprobs"], MAX_TOP_N_TOKENS)
+        return fields
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        body = super().payload(request)
+        if "seed" in body:
+            body["seed"] = tgi_seed(body["seed"])
+        messages = request.messages
+        if messages is not None and any("tool_calls" in m for m in messages):
+            body["messages"] = tgi_messages(messages)
+        return body
+
+    async def _with_tools(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        """A chat stream that may be a tool call (or, after TGI's ``no_tool``, a plain answer)."""
+        calls: dict[int, _Call] = {}
+        finish: str | None = None
+        usage: Usage | None = None
+        pieces = 0
+        stops = StopStrings(request.stop)
+        async with self.open_stream(request, "/v1/chat/completions", self.payload(request)) as response:
+            async for batch in self.json_event_batches(request, response, self.trusts_event_status):
+                for doc in batch:
+                    parsed = parse_chunk(doc)
+                    usage = parsed.usage or usage
+                    for choice in parsed.choices:
+                        finish = choice.finish or finish
+                        deltas = []
+                        for piece in choice.tool_calls:
+                            call = calls.get(piece.index)
+                            if call is None:
+                                call = calls[piece.index] = _Call()
+                                deltas.append(ToolCallDelta(piece.index, piece.id, piece.name))
+                            fragment = _argument_piece(call, piece.arguments)
+                            if fragment:
+                                deltas.append(ToolCallDelta(piece.index, arguments=fragment))
+                        text = ""
+                        if choice.text and not stops.stopped:
+                            pieces += 1
+                            text = stops.feed(choice.text)
+                        if text or deltas or choice.logprobs:
+                            yield Chunk(text=text, tool_calls=tuple(deltas), logprobs=choice.logprobs)
+        ends = tuple(ToolCallDelta(i, arguments=tail) for i, c in sorted(calls.items()) if (tail := _closing(c)))
+        if calls:
+            finish = "tool_calls"
+        elif stops.stopped:
+            finish = "stop"
+        if finish is None:
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
+        if usage is None:
+            usage = Usage(estimate_tokens(prompt_text(request)), pieces)
+        yield Chunk(text="" if calls else stops.flush(), finish_reason=finish, usage=usage, tool_calls=ends)

@@ -20,14 +20,43 @@
   estimated. The adapter renders chat with the model's template, leaves the
   prompt out of the output, sends the request id as Triton's ``id`` and cuts
   stop strings itself (Triton keeps the stop word in its text).
+
+What each carries beyond plain text (``capabilities``):
+
+- trtllm-serve takes OpenAI's fields in OpenAI's form: ``tools`` with ``tool_choice`` "auto"/"none"
+  (answers with ``tool_calls`` and ``finish_reason: "tool_calls"`` only when launched with
+  ``--tool_parser``, e.g. ``qwen3`` for Hermes-style ``<tool_call>`` models: narrow with
+  ``disable: [tools]`` otherwise); ``response_format`` json_object/json_schema (guided decoding: the
+  server needs ``guided_decoding_backend: xgrammar`` in its ``--extra_llm_api_options``, else it
+  answers 400 "Guided decoding is not enabled"); chat ``logprobs``/``top_logprobs`` and completions'
+  integer ``logprobs`` (the PyTorch backend, trtllm-serve's default; its lists hold the sampled token
+  beside the top ones, trimmed here to what was asked); ``n``; penalties; ``logit_bias`` (an embedding
+  bias: needs ``num_postprocess_workers: 0``); ``seed``; completions' ``echo``; image parts for
+  multimodal models. Not declared: ``tool_choice`` "required" or a named function (accepted, but no
+  call is forced: a named function's unconstrained text is labelled as its arguments) and
+  ``parallel_tool_calls: false`` (accepted, not enforced).
+- Triton gets the tools rendered into the prompt (the gateway parses the calls), ``response_format``
+  as ``guided_decoding_guide_type`` ``json``/``json_schema`` with the schema in
+  ``guided_decoding_guide`` (the tensorrt_llm model needs ``guided_decoding_backend`` in its
+  config.pbtxt), ``presence_penalty``/``frequency_penalty`` and ``seed`` (UINT64) inputs. Logprobs
+  only where each response's text belongs to its tokens (``cumulative``, ``per_token``): the
+  chosen token's ``output_log_probs`` with the text that token added; the ensemble gives no
+  alternatives. Not declared: ``logit_bias`` (``embedding_bias_words`` takes words the preprocessing
+  tokenizes again, not token ids), ``n`` as ``num_return_sequences`` (the gateway asks n times with
+  distinct seeds: the ensemble's responses per sequence are not told apart in this mode).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, Literal
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends import capabilities as cap
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob, Usage
+from backends.capabilities import Capabilities
 from backends.http_base import HttpBackend, HttpSettings
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
@@ -38,10 +67,17 @@ TRTLLM_SERVE_EXTRA = frozenset(
     {
         "top_k", "top_p_min", "min_p", "repetition_penalty", "length_penalty", "early_stopping",
         "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
-        "spaces_between_special_tokens", "truncate_prompt_tokens", "best_of", "use_beam_search",
-        "presence_penalty", "frequency_penalty", "logit_bias", "user", "n",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "use_beam_search",
     }
 )  # fmt: skip
+
+_SERVE_FEATURES = frozenset(
+    {
+        cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES,
+        cap.LOGIT_BIAS, cap.SEED, cap.ECHO, cap.IMAGES,
+    }
+)  # fmt: skip
+SERVE_CAPABILITIES = Capabilities(features=_SERVE_FEATURES, extras=TRTLLM_SERVE_EXTRA, native_n=True)
 
 SERVE_LOAD = LoadMap(
     running=Gauge(("trtllm_num_requests_running",)),
@@ -61,7 +97,17 @@ TRITON_LOAD = LoadMap(
 )
 
 # Triton ensemble inputs the adapter may pass through from a client's extra fields.
-TRITON_EXTRA = frozenset({"top_k", "repetition_penalty", "min_tokens", "presence_penalty", "frequency_penalty"})
+TRITON_EXTRA = frozenset({"top_k", "repetition_penalty", "min_tokens"})
+
+TRITON_CAPABILITIES = Capabilities(
+    features=frozenset({cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.PENALTIES, cap.SEED}),
+    extras=TRITON_EXTRA,
+    tools_in_prompt=True,
+)
+"""The whole-answer deployment; the streamed ones also give logprobs (``TritonTrtllmBackend``)."""
+TRITON_STREAMED_CAPABILITIES = replace(TRITON_CAPABILITIES, features=TRITON_CAPABILITIES.features | {cap.LOGPROBS})
+
+_UINT64 = 1 << 64
 
 
 class TrtllmServeBackend(OpenAICompatBackend):
@@ -69,10 +115,46 @@ class TrtllmServeBackend(OpenAICompatBackend):
     health_path = "/health"
     metrics_path = "/prometheus/metrics"
     load_map = SERVE_LOAD
-    accepted_extra = TRTLLM_SERVE_EXTRA
+    capabilities = SERVE_CAPABILITIES
+
+    def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
+        fields = super().engine_fields(request)
+        if request.logprobs and request.messages is None:
+            # trtllm-serve reads completions' ``logprobs`` as "if logprobs": 0 would give none at all.
+            fields["logprobs"] = max(1, request.top_logprobs)
+        return fields
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        chunks = super().generate(request)
+        # Its alternatives hold the sampled token beside the top ones: cut to what was asked.
+        return _top_cut(chunks, request.top_logprobs) if request.logprobs else chunks
+
+
+async def _top_cut(chunks: AsyncIterator[Chunk], top: int) -> AsyncIterator[Chunk]:
+    async with aclosing(chunks):  # type: ignore[type-var]  # an async generator, closable
+        async for chunk in chunks:
+            if chunk.logprobs and any(len(t.top) > top for t in chunk.logprobs):
+                cut = tuple(
+                    replace(t, top=tuple(sorted(t.top, key=lambda a: -a.logprob)[:top])) for t in chunk.logprobs
+                )
+                chunk = replace(chunk, logprobs=cut)
+            yield chunk
 
 
 TextOutput = Literal["whole", "cumulative", "per_token"]
+
+
+def guided_decoding(response_format: dict[str, Any] | None) -> dict[str, str]:
+    """OpenAI's ``response_format`` as the ensemble's guided decoding inputs (none for plain text)."""
+    kind = (response_format or {}).get("type")
+    if kind == "json_object":
+        return {"guided_decoding_guide_type": "json"}
+    if kind == "json_schema":
+        schema = ((response_format or {}).get("json_schema") or {}).get("schema")
+        if schema is None:  # a schema named but not given: any JSON
+            return {"guided_decoding_guide_type": "json"}
+        return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": json.dumps(schema)}
+    return {}
 
 
 def triton_payload(req: GenerationRequest, prompt: str, default_max_tokens: int, stream: bool) -> dict[str, Any]:
@@ -92,26 +174,45 @@ def triton_payload(req: GenerationRequest, prompt: str, default_max_tokens: int,
         payload["temperature"] = req.temperature
         payload["top_p"] = req.top_p
     if req.seed is not None:
-        payload["seed"] = req.seed
+        payload["seed"] = req.seed % _UINT64  # a UINT64 input: OpenAI's seed may be negative
+    if req.presence_penalty is not None:
+        payload["presence_penalty"] = req.presence_penalty
+    if req.frequency_penalty is not None:
+        payload["frequency_penalty"] = req.frequency_penalty
+    if req.response_format is not None:
+        payload |= guided_decoding(req.response_format)
     for key, value in req.extra.items():
         if key in TRITON_EXTRA:
             payload[key] = value
     return payload
 
 
-def token_count(doc: dict[str, Any]) -> int | None:
-    """Tokens a response decoded, from its ``output_log_probs`` (a flat or nested list), when present."""
+def log_probs(doc: dict[str, Any]) -> list[float] | None:
+    """A response's ``output_log_probs`` (a flat or nested list), one per token it decoded, in order."""
     probs = doc.get("output_log_probs")
     if not isinstance(probs, list):
         return None
-    count, todo = 0, list(probs)
+    out: list[float] = []
+    todo: list[Any] = [probs]
     while todo:
         item = todo.pop()
         if isinstance(item, list):
-            todo.extend(item)
+            todo.extend(reversed(item))
         else:
-            count += 1
-    return count
+            out.append(float(item))
+    return out
+
+
+def token_count(doc: dict[str, Any]) -> int | None:
+    """Tokens a response decoded, from its ``output_log_probs``, when present."""
+    probs = log_probs(doc)
+    return None if probs is None else len(probs)
+
+
+def paired(text: str, probs: list[float]) -> tuple[TokenLogprob, ...]:
+    """One streamed response's tokens: its text is what they added. A response holds one token (more
+    only with speculative decoding, when the text cannot be split between them: the first gets it)."""
+    return tuple(TokenLogprob(text if i == 0 else "", lp) for i, lp in enumerate(probs))
 
 
 class Cumulative:
@@ -141,6 +242,8 @@ class TritonTrtllmBackend(HttpBackend):
     health_path = "/v2/health/ready"
     metrics_path = "/metrics"
     load_map = TRITON_LOAD
+    capabilities: Capabilities = TRITON_CAPABILITIES
+    """The class says what the default (whole-answer) deployment honours; a streamed one adds logprobs."""
 
     def __init__(
         self,
@@ -155,6 +258,15 @@ class TritonTrtllmBackend(HttpBackend):
         self.text_output: TextOutput = text_output
         self.answers_whole = text_output == "whole"
         """The whole answer arrives at once: the gateway applies a whole-answer deadline, not a first-token one."""
+        if not self.answers_whole:
+            self.capabilities = TRITON_STREAMED_CAPABILITIES
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        """Chat rendered with the model's template, with the tools the model may call (none for
+        ``tool_choice: "none"``): the gateway parses the calls from the answer's text."""
+        if request.messages is None:
+            return request.prompt or ""
+        return self._chat.render(request.messages, request.tools if request.tool_choice != "none" else None)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await self.render_prompt(request)
@@ -162,6 +274,7 @@ class TritonTrtllmBackend(HttpBackend):
         payload = triton_payload(request, prompt, self.settings.default_max_tokens, stream=mode != "whole")
         stops = StopStrings(request.stop)
         cumulative = Cumulative()
+        want_logprobs = request.logprobs and mode != "whole"
         pieces = 0
         counted: int | None = None  # tokens the engine says it generated (output_log_probs)
         last = ""
@@ -169,17 +282,21 @@ class TritonTrtllmBackend(HttpBackend):
         async with self.open_stream(request, path, payload) as response:
             async for doc in self.json_events(request, response):
                 pieces += 1
-                n = token_count(doc)
-                if n is not None:
-                    counted = n if mode == "whole" else (counted or 0) + n
+                probs = log_probs(doc)
+                if probs is not None:
+                    counted = len(probs) if mode == "whole" else (counted or 0) + len(probs)
                 raw = str(doc.get("text_output", ""))
                 if mode == "cumulative":
                     last, raw = raw, cumulative.feed(raw)
                 text = stops.feed(raw)
-                if text:
-                    yield Chunk(text=text)
                 if stops.stopped:
+                    if text:
+                        yield Chunk(text=text)
                     break
+                if want_logprobs and probs:
+                    yield Chunk(text=text, logprobs=paired(raw, probs))
+                elif text:
+                    yield Chunk(text=text)
         if mode == "cumulative" and not stops.stopped:
             try:
                 text = stops.feed(cumulative.close(last))

@@ -1,12 +1,37 @@
 """vLLM's OpenAI server: the thin path, health from ``/health``, load from ``/metrics``.
 
-vLLM accepts extra sampling fields (``top_k``, ``min_p``, ``ignore_eos``...), so
-extras pass through. It streams usage only when asked: the adapter always asks
-and the gateway drops it when the client did not.
+Every capability field goes out as OpenAI spells it: vLLM's request models take them all (checked
+against vLLM 0.32 on CPU, the engine ``make test`` runs). What each needs from the deployment:
+
+- ``tools``, ``tool_choice`` "required" / a named function: vLLM answers tools only when started with
+  ``--enable-auto-tool-choice --tool-call-parser <parser>`` (hermes for the demo model); without the
+  parser even a named ``tool_choice`` is a 400 ("requires --tool-call-parser to be set"). A deployment
+  without them narrows the backend in config (``disable: [tools, tool_choice_required]``). Forced
+  calls are constrained decoding: the call's name is forced, but vLLM's hermes grammar does not hold
+  the arguments to the tool's schema (the demo model answered ``"arguments": "false"``).
+- ``parallel_tool_calls: false``: vLLM keeps only the first call of the answer.
+- ``json_object`` / ``json_schema``: vLLM's structured outputs. xgrammar's default allows any
+  whitespace between JSON tokens, and a small model can loop on it until ``max_tokens``: deployments
+  of small models start vLLM with ``--structured-outputs-config '{"backend": "xgrammar",
+  "disable_any_whitespace": true}'`` (a server setting: the per-request field is ignored).
+- ``logprobs`` / ``top_logprobs`` (up to ``--max-logprobs``, 20 by default), penalties, ``logit_bias``,
+  ``seed`` (reproducible run to run), ``echo`` (completions), ``n`` (native: usage comes once, summed).
+- images: ``image_url`` parts go as they are; vLLM answers them only for a multimodal model ("... is
+  not a multimodal model" otherwise), which the model entry says.
+- Cached prompt tokens are reported only with ``--enable-prompt-tokens-details``.
+
+Extras: vLLM's own sampling fields (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``...).
+``include_stop_str_in_output: true`` keeps the stop string in the answer: the adapter then leaves
+stop strings to the engine instead of cutting them itself. Beam search and ``length_penalty`` are
+left out: vLLM's beam search answers no streams.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from backends import capabilities as cap
+from backends.capabilities import Capabilities
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
 
@@ -17,9 +42,25 @@ LOAD = LoadMap(
     kv_cache=Gauge(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
 )
 
+FEATURES = frozenset(
+    {
+        cap.TOOLS, cap.TOOL_CHOICE_REQUIRED, cap.PARALLEL_TOOL_CALLS, cap.JSON_OBJECT, cap.JSON_SCHEMA,
+        cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES, cap.LOGIT_BIAS, cap.SEED, cap.ECHO, cap.IMAGES,
+    }
+)  # fmt: skip
+EXTRAS = frozenset(
+    {
+        "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+        "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+    }
+)  # fmt: skip
+CAPABILITIES = Capabilities(FEATURES, EXTRAS, native_n=True)
+
 
 class VLLMBackend(OpenAICompatBackend):
     engine = "vllm"
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
+    capabilities: ClassVar[Capabilities] = CAPABILITIES

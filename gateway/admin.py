@@ -1,15 +1,18 @@
-"""Admin endpoints (``/admin/...``): reload, explain a routing decision against the live fleet, fleet state.
+"""Admin endpoints (``/admin/...``): reload, explain a routing decision against the live fleet, fleet state,
+and API keys (create, list, show, update, revoke, usage) when the gateway has them.
 
-They need ``Authorization: Bearer <key>`` with the key from the environment
-variable named by ``admin.api_key_env``; without that setting they are off.
+They need ``Authorization: Bearer <key>`` with the key from the environment variable named by
+``admin.api_key_env`` (without that setting they are off), compared in constant time; an address
+that fails ``admin.max_failures`` times is locked out (gateway/tenancy/guard.py). With
+``admin.port`` they answer only on that port.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import os
 import signal
+import time
 from typing import Any
 
 import orjson
@@ -21,6 +24,10 @@ from starlette.routing import Route
 from gateway.errors import ApiError, bad_request
 from gateway.state import AppState
 from gateway.supervisor import SUPERVISOR_ENV
+from gateway.tenancy.gate import Tenancy
+from gateway.tenancy.guard import AdminGuard
+from gateway.tenancy.manage import BadKeySpec, create, revoke, summarize, update, validate
+from gateway.tenancy.pricing import day_of
 from routing.explain import to_dict
 from routing.policy import choose
 from routing.types import RequestFeatures
@@ -36,6 +43,10 @@ class ExplainBody(BaseModel):
     tpot_budget_ms: float | None = Field(default=None, gt=0)
     tenant: str | None = None
     headers: dict[str, str] = {}
+    needs: list[str] = []
+    """Capabilities the request would use (tools, json_schema, logprobs, images...)."""
+    extras: list[str] = []
+    """Request fields outside OpenAI's spec it would carry (top_k, min_p...)."""
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -43,14 +54,17 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 
 def routes(state: AppState) -> list[Route]:
+    admin = state.config.admin
+    guard = AdminGuard(admin.max_failures, admin.lockout_s)
+
     def authorize(request: Request) -> None:
-        env = state.config.admin.api_key_env
-        key = os.environ.get(env) if env else None
-        if not key:
-            raise ApiError(403, "Admin endpoints are off: set admin.api_key_env.", type="permission_error")
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            raise ApiError(401, "A valid admin key is required.", type="authentication_error", code="invalid_api_key")
+        cfg = state.config.admin
+        server = request.scope.get("server")
+        if cfg.port is not None and (server is None or server[1] != cfg.port):
+            raise ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
+        key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        client = request.client.host if request.client is not None else "unknown"
+        guard.check(key, request.headers.get("authorization"), client)
 
     async def reload(request: Request) -> Response:
         authorize(request)
@@ -80,6 +94,8 @@ def routes(state: AppState) -> list[Route]:
             tpot_budget_ms=body.tpot_budget_ms,
             tenant=body.tenant,
             headers=tuple((k.lower(), v) for k, v in body.headers.items()),
+            needs=frozenset(body.needs),
+            extras=frozenset(body.extras),
         )
         return _json(to_dict(choose(features, state.fleet.snapshot(), state.runtime.rules), features))
 
@@ -101,7 +117,98 @@ def routes(state: AppState) -> list[Route]:
         }  # fmt: skip
         return _json(doc)
 
+    def tenancy(request: Request) -> Tenancy:
+        authorize(request)
+        if state.tenancy is None or state.tenancy.store is None:
+            raise ApiError(404, "This gateway has no API keys (auth: in its config).", code="keys_off")
+        return state.tenancy
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        try:
+            doc = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"Invalid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise bad_request("The body must be a JSON object.")
+        return doc
+
+    def unknown_key(key_id: str) -> ApiError:
+        return ApiError(404, f"No API key {key_id}.", code="key_not_found")
+
+    async def create_key(request: Request) -> Response:
+        t = tenancy(request)
+        try:
+            limits = validate(await body_of(request), t.auth.priority_classes)
+        except BadKeySpec as exc:
+            raise bad_request(str(exc)) from None
+        assert t.store is not None
+        record, token = await create(t.store, limits)
+        # The only time the key is shown: the database keeps its hash.
+        return _json({"key": token, **record.public()}, 201)
+
+    async def list_keys(request: Request) -> Response:
+        t = tenancy(request)
+        assert t.store is not None
+        records = [*t.declared.values(), *await t.store.all()]
+        return _json({"object": "list", "data": [r.public() for r in records]})
+
+    async def show_key(request: Request) -> Response:
+        t = tenancy(request)
+        key_id = request.path_params["key_id"]
+        assert t.store is not None
+        record = t.declared.get(key_id) or await t.store.get(key_id)
+        if record is None:
+            raise unknown_key(key_id)
+        return _json(record.public())
+
+    async def update_key(request: Request) -> Response:
+        t = tenancy(request)
+        key_id = request.path_params["key_id"]
+        if key_id in t.declared:
+            raise bad_request(f"Key {key_id} is declared in the config file: change it there.")
+        assert t.store is not None
+        try:
+            record = await update(t.store, key_id, await body_of(request), t.auth.priority_classes)
+        except BadKeySpec as exc:
+            raise bad_request(str(exc)) from None
+        if record is None:
+            raise unknown_key(key_id)
+        t.forget(key_id)
+        return _json(record.public())
+
+    async def revoke_key(request: Request) -> Response:
+        t = tenancy(request)
+        key_id = request.path_params["key_id"]
+        if key_id in t.declared:
+            raise bad_request(f"Key {key_id} is declared in the config file: remove it there.")
+        assert t.store is not None
+        record = await revoke(t.store, key_id)
+        if record is None:
+            raise unknown_key(key_id)
+        t.forget(key_id)
+        return _json(record.public())
+
+    async def key_usage(request: Request) -> Response:
+        t = tenancy(request)
+        key_id = request.path_params["key_id"]
+        assert t.store is not None
+        try:
+            days = int(request.query_params.get("days", "31"))
+        except ValueError:
+            raise bad_request("days must be an integer", param="days") from None
+        if (t.declared.get(key_id) or await t.store.get(key_id)) is None:
+            raise unknown_key(key_id)
+        await t.flush()  # this replica's latest requests too
+        since = day_of(time.time() - max(0, days - 1) * 86400)
+        return _json({"id": key_id, "since": since, **summarize(await t.store.usage(key_id, since))})
+
     return [
+        Route("/admin/keys", create_key, methods=["POST"]),
+        Route("/admin/keys", list_keys, methods=["GET"]),
+        Route("/admin/keys/{key_id}", show_key, methods=["GET"]),
+        Route("/admin/keys/{key_id}", update_key, methods=["PATCH"]),
+        Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),
+        Route("/admin/keys/{key_id}/usage", key_usage, methods=["GET"]),
         Route("/admin/reload", reload, methods=["POST"]),
         Route("/admin/route/explain", explain, methods=["POST"]),
         Route("/admin/fleet", fleet, methods=["GET"]),

@@ -185,6 +185,8 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if state.tenancy is not None:
+            await state.tenancy.start()  # the key database (and its schema) before the first request
         await state.fleet.start()
         # Everything built so far (modules, config, engines) lives as long as the process: kept out of
         # the collector's reach, a full collection no longer walks it (they took 50-100 ms here).
@@ -206,6 +208,8 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(signal.SIGHUP)
             await state.fleet.aclose()
+            if state.tenancy is not None:
+                await state.tenancy.aclose()  # the last usage written
             state.metrics.close()
 
     return lifespan
@@ -219,13 +223,22 @@ def _routes(state: AppState) -> list[Route]:
     def model_doc(name: str) -> dict[str, object]:
         return {"id": name, "object": "model", "created": state.started, "owned_by": "enginegate"}
 
+    async def visible(request: Request) -> frozenset[str]:
+        """The models this request may see: all, or those its API key allows (401 without a valid key
+        when keys are required)."""
+        names = state.runtime.model_names
+        if state.tenancy is None:
+            return names
+        key = await state.tenancy.authenticate(request.headers.get("authorization"))
+        return names if key is None else frozenset(n for n in names if key.allows(n))
+
     async def list_models(request: Request) -> Response:
-        names = sorted(state.runtime.model_names)
+        names = sorted(await visible(request))
         return json_response({"object": "list", "data": [model_doc(m) for m in names]})
 
     async def get_model(request: Request) -> Response:
         name = request.path_params["model"]
-        if name not in state.runtime.model_names:
+        if name not in await visible(request):
             raise model_not_found(name)
         return json_response(model_doc(name))
 

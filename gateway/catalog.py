@@ -11,10 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from backends.base import GenerationRequest
+from backends.capabilities import IMAGES, PARALLEL_TOOL_CALLS, TOOL_CHOICE_REQUIRED, TOOLS, Capabilities
 from backends.gguf_file import GgufCache
 from backends.hf_tokenizer import encode
 from backends.text import INLINE_PROMPT_CHARS, ChatRenderer, prompt_chars
-from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig
+from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig, ModelConfig
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS, EngineEfficiency, GpuSpec
 from routing.types import BackendProfile, Mode, ModelSpec, Rule, Rules, Weights
 
@@ -117,7 +118,23 @@ def efficiencies(loaded: LoadedConfig) -> dict[str, EngineEfficiency]:
     return table
 
 
-def profile(cfg: BackendConfig, loaded: LoadedConfig, context: int | None = None) -> BackendProfile:
+def capabilities(base: Capabilities, cfg: BackendConfig, model: ModelConfig) -> Capabilities:
+    """What the backend honours: its adapter's declaration, adjusted by the backend's config, and
+    limited by the model entry (images only for a model that takes them; tools in the prompt only
+    with the model's tool-call parser)."""
+    adjust = cfg.capabilities
+    caps = base.adjusted(frozenset(adjust.enable), frozenset(adjust.disable))
+    features = caps.features
+    if not model.vision:
+        features -= {IMAGES}
+    if caps.tools_in_prompt and model.tool_parser is None:
+        features -= {TOOLS, TOOL_CHOICE_REQUIRED, PARALLEL_TOOL_CALLS}
+    return replace(caps, features=features, tool_parser=model.tool_parser)
+
+
+def profile(
+    cfg: BackendConfig, loaded: LoadedConfig, context: int | None = None, caps: Capabilities | None = None
+) -> BackendProfile:
     gpu = gpu_catalog(loaded)[cfg.gpu]
     if cfg.memory_gb is not None:
         memory = cfg.memory_gb
@@ -139,6 +156,8 @@ def profile(cfg: BackendConfig, loaded: LoadedConfig, context: int | None = None
         cost_per_hour=cfg.cost_per_hour,
         pool=cfg.pool,
         context=context,
+        features=caps.features if caps is not None else frozenset(),
+        extras=caps.extras if caps is not None else frozenset(),
     )
 
 

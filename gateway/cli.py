@@ -1,4 +1,4 @@
-"""The ``enginegate`` command: ``serve``, ``config check``, ``route explain`` and ``simulate``."""
+"""The ``enginegate`` command: ``serve``, ``config check``, ``route explain``, ``simulate`` and ``keys``."""
 
 from __future__ import annotations
 
@@ -53,10 +53,21 @@ def _explain(args: argparse.Namespace) -> int:
     loaded = _load(args.config)
     if loaded is None:
         return 1
+    from gateway.catalog import capabilities
+    from gateway.engines import declared_capabilities
+
     snapshot = FleetSnapshot(
-        tuple(BackendState(profile(b, loaded)) for b in loaded.config.backends), model_specs(loaded)
+        tuple(
+            BackendState(
+                profile(b, loaded, caps=capabilities(declared_capabilities(b.engine), b, loaded.model(b.model)))
+            )
+            for b in loaded.config.backends
+        ),
+        model_specs(loaded),
     )
     features = RequestFeatures(
+        needs=frozenset(args.needs or ()),
+        extras=frozenset(args.extra or ()),
         model=args.model,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
@@ -221,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--latency-budget-ms", type=float, default=None)
     explain.add_argument("--tpot-budget-ms", type=float, default=None)
     explain.add_argument("--tenant", default=None)
+    explain.add_argument(
+        "--needs", action="append", default=[], metavar="CAPABILITY",
+        help="a capability the request uses (tools, json_schema, logprobs, images...); repeatable",
+    )  # fmt: skip
+    explain.add_argument(
+        "--extra", action="append", default=[], metavar="FIELD",
+        help="a request field outside OpenAI's spec (top_k, min_p...); repeatable",
+    )  # fmt: skip
     explain.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
     explain.set_defaults(func=_explain)
     simulate = sub.add_parser("simulate", help="replay a trace through every routing policy and compare them")
@@ -234,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--plot", type=Path, help="write a PNG of attainment against load")
     simulate.set_defaults(func=_simulate)
+    from gateway.tenancy import commands as keys_commands
+
+    keys_commands.add_parser(sub, default_config())
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -11,12 +11,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, cast
 
 import orjson
 
-from backends.base import BackendError, Chunk, Usage
+from backends.base import BackendError, Chunk, GenerationRequest, Usage
+from backends.capabilities import needs, without
 from gateway import dispatch
 from gateway.dispatch import Deadlines
 from gateway.errors import ApiError, from_backend, model_not_found
@@ -24,26 +25,60 @@ from gateway.lifecycle import RequestLife
 from gateway.openai_api import (
     ChatBody,
     CompletionBody,
-    ResponseShape,
+    described,
     error_for_json,
     parse_body,
     prompt_texts,
     to_generation,
 )
+from gateway.openai_shapes import ResponseShape, UsageTotal
+from gateway.shaping import default_length, open_answer
 from gateway.streaming import DONE, ClientGone, Exchange, event
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
-from routing.types import Decision, Reason
+from routing.types import Decision, FleetSnapshot, Reason
 
 if TYPE_CHECKING:
+    from gateway.fleet import Entry
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
 
 
-def _no_candidates(decision: Decision, model: str) -> ApiError:
+def _unsupported(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
+    """400 naming the field no backend serving the model can honour, and what each backend lacks."""
+    lacks = {name: set(text.removeprefix("lacks ").split(", ")) for name, text in decision.excluded.items()}
+    why = "; ".join(f"{name} lacks {', '.join(sorted(items))}" for name, items in lacks.items())
+    for extra in sorted(extras):
+        if all(extra in items for items in lacks.values()):
+            return ApiError(
+                400,
+                f"Unrecognized request argument supplied: {extra} (no backend serving `{model}` understands it).",
+                param=extra,
+                code="unknown_parameter",
+            )
+    for feature, param in wanted.items():
+        if all(feature in items for items in lacks.values()):
+            return ApiError(
+                400,
+                f"'{param}' cannot be honoured for `{model}`: no backend serving it supports {feature} ({why}).",
+                param=param,
+                code="unsupported_parameter",
+            )
+    params = sorted({wanted.get(item, item) for items in lacks.values() for item in items})
+    return ApiError(
+        400,
+        f"No backend serving `{model}` supports all of {', '.join(params)} together ({why}).",
+        param=params[0] if params else None,
+        code="unsupported_parameter",
+    )
+
+
+def _no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
     if decision.reason is Reason.NO_BACKEND_FOR_MODEL:
         return model_not_found(model)
+    if decision.reason is Reason.UNSUPPORTED:
+        return _unsupported(decision, model, wanted, extras)
     if decision.reason is Reason.BUDGET_UNMEETABLE:
         return ApiError(
             429,
@@ -96,6 +131,8 @@ async def serve(
 async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool, life: RequestLife) -> None:
     rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
     limits = rt.config.limits
+    tenancy = state.tenancy  # None without API keys: nothing below costs anything then
+    key = await tenancy.authenticate(headers.get("authorization")) if tenancy is not None else None
     raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
     ex.watch()
     try:
@@ -107,21 +144,42 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     life.model = gen.model
+    life.caller = described(body)
+    fleet = state.fleet
+    snapshot = fleet.snapshot()
+    wanted = needs(gen)
+    extras = frozenset(gen.extra)
+    if (wanted or extras) and rt.config.routing.drop_unsupported:
+        gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
     try:
         counter = rt.counters.get(gen.model)
         exact = await counter.measure(gen) if counter is not None else None
         stream = bool(body.stream)
-        feats = features(gen.model, prompt_texts(gen), gen.max_tokens, stream, headers, exact, random.random())
+        feats = features(
+            gen.model,
+            prompt_texts(gen),
+            gen.max_tokens,
+            stream,
+            headers,
+            exact,
+            random.random(),
+            frozenset(wanted),
+            extras,
+            roles=[m.get("role", "") for m in gen.messages] if gen.messages is not None else None,
+        )
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-    fleet = state.fleet
-    decision = choose(feats, fleet.snapshot(), rt.rules)
+    if key is not None and tenancy is not None:  # scope, limits and budget, before any backend is chosen
+        spec = snapshot.models.get(gen.model)
+        context = spec.context if spec is not None else None
+        feats = await tenancy.admit(key, feats, life, "x-priority" in headers, limits.max_tokens, context)
+    decision = choose(feats, snapshot, rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(gen.model, decision, stream)
+    life.routed(gen.model, decision, stream, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
-        raise _no_candidates(decision, gen.model)
+        raise _no_candidates(decision, gen.model, wanted, extras)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    shape = ResponseShape(chat, ex.request_id, gen.model, include_usage)
+    shape = ResponseShape(chat, ex.request_id, gen.model, include_usage, gen.n)
     routing = rt.config.routing
     deadlines = Deadlines(
         routing.first_token_timeout_s,
@@ -130,8 +188,18 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     )
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     targets = fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
+    model_context = fleet.models[gen.model].context
+    prompt_tokens = feats.prompt_tokens
+
+    def open_answer_at(target: dispatch.Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        entry = cast("Entry", target)
+        request = default_length(request, limits.max_tokens, entry.profile.context or model_context, prompt_tokens)
+        return open_answer(entry.backend, entry.capabilities, request)
+
     try:
-        committed = await dispatch.start(targets, gen, deadlines, life, feats.prompt_tokens, not stream, hedge_after)
+        committed = await dispatch.start(
+            targets, gen, deadlines, life, prompt_tokens, not stream, hedge_after, open_answer_at
+        )
     except BackendError as exc:
         life.engine_wait_s = gen.clock.waited_s
         raise from_backend(exc) from exc
@@ -141,11 +209,29 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
         life.overhead_header(gen.clock.waited_s)
         await _stream(ex, _events(committed, shape, life))
         return
-    text, finish, usage = _collect(committed.first)  # a whole answer: dispatch read it to its end
+    doc, usage = shape.whole(committed.first)  # a whole answer: dispatch read it to its end
     life.answered(usage)
-    payload = orjson.dumps(shape.whole(text, finish, usage))
+    payload = orjson.dumps(doc)
     life.overhead_header(gen.clock.waited_s)
     await ex.respond(200, payload)
+
+
+def _drop_unsupported(
+    ex: Exchange, gen: GenerationRequest, wanted: dict[str, str], extras: frozenset[str], snapshot: FleetSnapshot
+) -> tuple[GenerationRequest, dict[str, str], frozenset[str]]:
+    """``routing.drop_unsupported``: what no backend serving the model honours is dropped from the
+    request and named in the ``x-enginegate-dropped`` header, instead of refused."""
+    serving = [b.profile for b in snapshot.backends if gen.model in b.profile.models]
+    features = frozenset().union(*(p.features for p in serving))
+    understood = frozenset().union(*(p.extras for p in serving))
+    dropped_features = [name for name in wanted if name not in features]
+    dropped_extras = sorted(extras - understood)
+    if not dropped_features and not dropped_extras:
+        return gen, wanted, extras
+    gen = without(gen, dropped_features, dropped_extras)
+    names = sorted({wanted[name] for name in dropped_features} | set(dropped_extras))
+    ex.header("x-enginegate-dropped", ",".join(names))
+    return gen, needs(gen), extras - set(dropped_extras)
 
 
 async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
@@ -158,28 +244,19 @@ async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
         await events.aclose()
 
 
-def _collect(chunks: list[Chunk]) -> tuple[str, str | None, Usage | None]:
-    finish: str | None = None
-    usage: Usage | None = None
-    for chunk in chunks:
-        finish = chunk.finish_reason or finish
-        usage = chunk.usage or usage
-    return "".join([chunk.text for chunk in chunks]), finish, usage
-
-
 async def _events(
     committed: dispatch.Committed, shape: ResponseShape, life: RequestLife
 ) -> AsyncGenerator[bytes, None]:
     result = "cancelled"
     usage: Usage | None = None
     failure: BackendError | None = None
-    held: list[bytes] = []  # events of chunks that arrived together go out in one write
+    held = [event(doc) for doc in shape.role_chunks()]  # chunks that arrived together go out in one write
+    total = UsageTotal()
     try:
-        opening = shape.role_chunk()
-        if opening is not None:
-            held.append(event(opening))
         async for chunk in committed.chunks():
-            usage = chunk.usage or usage
+            if chunk.usage is not None:
+                total.add(chunk)
+                usage = total.usage
             doc = shape.delta(chunk)
             if doc is not None:
                 held.append(event(doc))

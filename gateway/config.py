@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.gguf_file import GgufCache
+from gateway.tenancy.settings import AuthConfig, RedisConfig
 from routing.features import RULE_HEADERS
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
@@ -88,6 +89,38 @@ class ModelConfig(_Strict):
     """KV-cache bytes per token; default: from the GGUF, else an estimate from the parameter count."""
     chat_template: str | None = None
     """Jinja chat template for engines that take raw text; default: the GGUF's, else ChatML."""
+    vision: bool = False
+    """The model takes images (``image_url`` content parts), on backends whose engine passes them on."""
+    tool_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
+    """How the model writes tool calls in text: engines that take raw text (TGI native, Triton, MII
+    REST, the in-process engines) serve ``tools`` for this model only with it; the gateway renders
+    the tools with the chat template and parses the calls."""
+    price_per_mtok_in: float = Field(default=0.0, ge=0)
+    """Dollars per million prompt tokens, charged to API keys' budgets (gateway/tenancy)."""
+    price_per_mtok_out: float = Field(default=0.0, ge=0)
+    price_per_mtok_cached: float | None = Field(default=None, ge=0)
+    """Prompt tokens the engine served from its prefix cache; default: half of ``price_per_mtok_in``."""
+
+
+class CapabilitiesConfig(_Strict):
+    """Adjusts what the adapter says its engine honours, for engines launched with or without the
+    flags a capability needs (vLLM's ``--enable-auto-tool-choice``, trtllm-serve's guided decoding)."""
+
+    enable: list[str] = []
+    """Capability names (``tools``, ``json_schema``... see the README) or extra request fields the engine takes."""
+    disable: list[str] = []
+
+    @model_validator(mode="after")
+    def _known(self) -> CapabilitiesConfig:
+        from backends.capabilities import FEATURES, KNOWN_EXTRAS
+
+        unknown = sorted(set(self.enable + self.disable) - FEATURES - KNOWN_EXTRAS)
+        if unknown:
+            raise ValueError(
+                f"unknown capabilities {', '.join(unknown)} (known: {', '.join(sorted(FEATURES))}, "
+                "or an engine's extra field such as top_k)"
+            )
+        return self
 
 
 class _Placement(_Strict):
@@ -100,6 +133,7 @@ class _Placement(_Strict):
     """Memory for weights and KV cache; default: the GPUs' total (CPU backends: 16)."""
     cost_per_hour: float = Field(default=0.0, ge=0)
     pool: Name | None = None
+    capabilities: CapabilitiesConfig = CapabilitiesConfig()
 
 
 class CTranslate2Config(_Placement):
@@ -237,6 +271,10 @@ class MatchConfig(_Strict):
     latency_budget_ms: Range = Range()
     tenants: list[str] = []
     """Matched against the x-tenant header."""
+    keys: list[str] = []
+    """API key ids (gateway/tenancy); a request without a key matches no such rule."""
+    teams: list[str] = []
+    """Teams of API keys."""
     headers: dict[str, str] = {}
     """Exact values of x-tenant, x-priority, x-enginegate-pool or x-enginegate-class."""
 
@@ -297,6 +335,9 @@ class RoutingConfig(_Strict):
     stale_after_s: float = Field(default=15.0, gt=0)
     """Engine load older than this is ignored in favour of the gateway's own in-flight count."""
     rules: list[RuleConfig] = []
+    drop_unsupported: bool = False
+    """A request field no backend serving the model can honour is dropped (and named in the
+    ``x-enginegate-dropped`` response header) instead of refused with 400."""
 
 
 class GpuConfig(_Strict):
@@ -315,6 +356,12 @@ class EfficiencyConfig(_Strict):
 class AdminConfig(_Strict):
     api_key_env: str | None = None
     """Environment variable holding the admin key; without it the /admin endpoints are off."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """Serve /admin on this port only (``enginegate serve`` listens there too); the API port answers 404."""
+    max_failures: int = Field(default=5, ge=1)
+    """Wrong admin keys from one address before it is locked out (429 with Retry-After)."""
+    lockout_s: float = Field(default=30.0, gt=0)
+    """The first lockout; each failure while locked out doubles it, up to an hour."""
 
 
 class GatewayConfig(_Strict):
@@ -322,6 +369,8 @@ class GatewayConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     routing: RoutingConfig = RoutingConfig()
     admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
+    redis: RedisConfig = RedisConfig()
     gpus: list[GpuConfig] = []
     engine_efficiency: dict[str, EfficiencyConfig] = {}
     models: list[ModelConfig] = Field(min_length=1)

@@ -167,6 +167,15 @@ class _Watch:
         self._handle.cancel()
 
 
+Opener = Callable[[Target, GenerationRequest], AsyncIterator[Chunk]]
+"""How an attempt starts the target's answer: by default the backend's ``generate``; the gateway's
+shapes it per backend (``gateway.shaping``)."""
+
+
+def _generate(target: Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    return target.backend.generate(request)
+
+
 async def _attempt(
     target: Target,
     request: GenerationRequest,
@@ -175,6 +184,7 @@ async def _attempt(
     tokens: int,
     whole: bool,
     answering: set[str] | None = None,
+    opener: Opener = _generate,
 ) -> Committed:
     """One backend up to its commit point; any failure is reported, closes its stream and raises a
     ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
@@ -187,7 +197,7 @@ async def _attempt(
     queue_at = now + deadlines.queue_s if deadlines.queue_s is not None and not at_once else None
     head: list[Chunk] = []
     tracker.sending(target, tokens)
-    stream = backend.generate(request)
+    stream = opener(target, request)
     watch: _Watch | None = None
     try:
         async with asyncio.timeout(None) as timeout:
@@ -242,6 +252,7 @@ async def start(
     prompt_tokens: int,
     whole: bool = False,
     hedge_after: float | None = None,
+    opener: Opener = _generate,
 ) -> Committed:
     """Commit to the first target that answers; raise the last error if none does (its ``failures``
     list every failed attempt).
@@ -255,7 +266,7 @@ async def start(
     if hedge_after is None or len(queue) < 2:
         for target in queue:
             try:
-                committed = await _attempt(target, request, deadlines, tracker, prompt_tokens, whole)
+                committed = await _attempt(target, request, deadlines, tracker, prompt_tokens, whole, None, opener)
             except BackendError as exc:
                 _note(failures, target.name, exc)
                 continue
@@ -266,7 +277,7 @@ async def start(
 
     def launch() -> None:
         target = queue.pop(0)
-        attempt = _attempt(target, request, deadlines, tracker, prompt_tokens, whole, answering)
+        attempt = _attempt(target, request, deadlines, tracker, prompt_tokens, whole, answering, opener)
         running[asyncio.ensure_future(attempt)] = target
 
     try:

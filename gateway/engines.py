@@ -7,6 +7,7 @@ import ssl
 from collections.abc import Callable
 
 from backends.base import Backend
+from backends.capabilities import Capabilities, capabilities_of
 from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
 from backends.http_base import HttpSettings
 from backends.http_client import tls_context
@@ -37,6 +38,21 @@ _PLAIN_HTTP: dict[str, Callable[[str, str, HttpSettings], Backend]] = {
     "mii_openai": MiiOpenAIBackend,
     "llama_server": LlamaServerBackend,
 }
+
+
+def declared_capabilities(engine: str) -> Capabilities:
+    """What an engine kind's adapter declares, without starting it (for ``route explain``)."""
+    from backends.ctranslate2_engine import CTranslate2Backend
+    from backends.llamacpp_engine import LlamaCppBackend
+
+    classes: dict[str, object] = {
+        **_PLAIN_HTTP,
+        "triton_trtllm": TritonTrtllmBackend,
+        "mii_rest": MiiRestBackend,
+        "ctranslate2": CTranslate2Backend,
+        "llama_cpp": LlamaCppBackend,
+    }
+    return capabilities_of(classes.get(engine))
 
 
 def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:

@@ -17,13 +17,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from backends.base import Backend, Health, Load
+from backends.capabilities import PLAIN, Capabilities, capabilities_of
 from gateway.breaker import CircuitBreaker
-from gateway.catalog import model_specs, profile
+from gateway.catalog import capabilities, model_specs, profile
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
-from routing.estimator import observe, typical_output
+from routing.estimator import kv_capacity_tokens, observe, typical_output
 from routing.load import current as current_load
-from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed
+from routing.prefix import PrefixIndex
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed, RequestFeatures
 
 log = logging.getLogger("enginegate.fleet")
 
@@ -48,6 +50,11 @@ class Entry:
     engine_slots: int | None = None
     """How many requests the engine runs at once, learned from its gauges: its running count when
     it reported requests waiting (an engine started with a lower cap than the config says)."""
+    prefix: PrefixIndex | None = None
+    """The prompt blocks the gateway expects the engine to hold (made with the entry's first request)."""
+    capabilities: Capabilities = PLAIN
+    """What the backend honours (adapter, config and model entry together): routing reads its
+    ``features`` from the profile; dispatch reads how to shape the answer (``n``, tools in text)."""
 
     def __post_init__(self) -> None:
         self.breaker.name = self.config.name
@@ -70,14 +77,18 @@ def reconcile(
     built: list[Entry] = []
     try:
         for cfg in loaded.config.backends:
-            prof = profile(cfg, loaded)
+            model = loaded.model(cfg.model)
             old = current.get(cfg.name)
-            if old is not None and old.config == cfg and old.profile == prof:
-                entries[cfg.name] = old
-                continue
+            if old is not None and old.config == cfg:
+                caps = capabilities(capabilities_of(old.backend), cfg, model)
+                if old.profile == profile(cfg, loaded, caps=caps) and old.capabilities == caps:
+                    entries[cfg.name] = old
+                    continue
             b = loaded.config.routing.breaker
             breaker = CircuitBreaker(cfg.name, b.threshold, b.cooldown_s, b.max_cooldown_s)
-            entry = Entry(cfg, factory(cfg, loaded), prof, breaker=breaker)
+            backend = factory(cfg, loaded)
+            caps = capabilities(capabilities_of(backend), cfg, model)
+            entry = Entry(cfg, backend, profile(cfg, loaded, caps=caps), breaker=breaker, capabilities=caps)
             built.append(entry)
             entries[cfg.name] = entry
     except Exception as exc:
@@ -165,6 +176,7 @@ class Fleet:
                     recovery=share,
                     observed=e.observed,
                     engine_slots=e.engine_slots,
+                    prefix=e.prefix,
                 )
             )
         return FleetSnapshot(tuple(states), self.models)
@@ -179,6 +191,23 @@ class Fleet:
         """An attempt on ``entry`` starts: it is in flight and its prompt waits to be prefilled."""
         entry.in_flight += 1
         entry.prefill_backlog += prompt_tokens
+
+    def remember(self, entry: Entry, features: RequestFeatures, cached_blocks: int) -> list[float]:
+        """The prompt of ``features`` goes to ``entry``: its blocks join what the engine is expected to
+        hold. Returns the ages of the ``cached_blocks`` blocks routing expected there (to judge the
+        engine's report with)."""
+        index = entry.prefix
+        if index is None:
+            model = self.models.get(features.model)
+            index = entry.prefix = PrefixIndex(kv_capacity_tokens(model, entry.profile) if model else 0.0)
+        ages = index.ages(features.prefix_blocks, cached_blocks)
+        index.add(features.prefix_blocks, features.block_tokens)
+        return ages
+
+    def cached(self, entry: Entry, ages: list[float], cached_tokens: int, block_tokens: float) -> None:
+        """The engine reported the prompt tokens it reused: the expected cache size follows."""
+        if entry.prefix is not None:
+            entry.prefix.reported(ages, cached_tokens, block_tokens)
 
     def first_token(self, entry: Entry, prompt_tokens: int) -> None:
         entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)

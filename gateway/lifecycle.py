@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, cast
 from backends.base import BackendError, ErrorKind, Usage
 from gateway.dispatch import Committed, Target
 from gateway.fleet import Entry
-from routing.types import Decision
+from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.errors import ApiError
     from gateway.state import AppState
     from gateway.streaming import Exchange
@@ -44,11 +46,22 @@ class RequestLife:
         self.failures: list[tuple[str, BackendError]] = []
         self.attempts = 0
         self.engine_wait_s = 0.0
+        self.caller: dict[str, object] = {}
+        """What the client said about itself (OpenAI's user, metadata, safety_identifier): logged."""
+        self.key_id: str | None = None
+        """The API key's id (gateway/tenancy), logged; never the key."""
+        self.on_end: Callable[[Usage | None, bool], float] | None = None
+        """Tenancy's settlement hook: called once with the usage and whether an answer started, when the
+        request's end is recorded; returns the request's cost in dollars (logged)."""
         self._ended = False
         self._tried = "none"
         """The last backend an attempt went to (a request cancelled before any answer names it)."""
         self._firsts: dict[str, float] = {}
         """When each attempt's first token came, by backend."""
+        self.features: RequestFeatures | None = None
+        self._sent: dict[str, tuple[int, list[float]]] = {}
+        """Per backend tried: the prompt tokens it had to prefill (those not expected in its cache)
+        and the ages of the blocks expected there, to judge its report of what it reused."""
         state.metrics.started(self.route)
 
     @property
@@ -62,13 +75,31 @@ class RequestLife:
     def sending(self, target: Target, prompt_tokens: int) -> None:
         self.attempts += 1
         self._tried = target.name
-        self.state.fleet.sending(cast(Entry, target), prompt_tokens)
+        entry = cast(Entry, target)
+        f = self.features
+        if f is not None and f.prefix_blocks:
+            # Only the prompt tokens not expected in the engine's cache wait to be prefilled there.
+            cached = self._predicted(target.name)
+            blocks = min(len(f.prefix_blocks), int(cached / f.block_tokens)) if f.block_tokens > 0 else 0
+            self._sent[target.name] = (prompt_tokens - cached, self.state.fleet.remember(entry, f, blocks))
+            prompt_tokens -= cached
+        self.state.fleet.sending(entry, prompt_tokens)
+
+    def _predicted(self, backend: str) -> int:
+        decision = self.decision
+        if decision is None:
+            return 0
+        return next((c.prediction.cached_tokens for c in decision.candidates if c.backend == backend), 0)
+
+    def _fresh(self, target: Target, prompt_tokens: int) -> int:
+        sent = self._sent.get(target.name)
+        return sent[0] if sent is not None and prompt_tokens else prompt_tokens
 
     def first_token(self, target: Target, prompt_tokens: int) -> None:
         # When each attempt's first token came: a whole answer commits at its end, but its time to
         # first token (what the estimator learns and the histogram shows) is this moment.
         self._firsts[target.name] = time.perf_counter()
-        self.state.fleet.first_token(cast(Entry, target), prompt_tokens)
+        self.state.fleet.first_token(cast(Entry, target), self._fresh(target, prompt_tokens))
 
     def failed(self, target: Target, error: BackendError) -> None:
         self.failures.append((target.name, error))
@@ -89,14 +120,14 @@ class RequestLife:
         )
 
     def end(self, target: Target, prompt_tokens: int = 0) -> None:
-        self.state.fleet.end(cast(Entry, target), prompt_tokens)
+        self.state.fleet.end(cast(Entry, target), self._fresh(target, prompt_tokens))
 
     def queued(self, target: Target) -> float | None:
         return self.state.fleet.queue_wait_s(cast(Entry, target))
 
     # How the request goes on and ends.
-    def routed(self, model: str, decision: Decision, stream: bool) -> None:
-        self.model, self.decision, self.stream = model, decision, stream
+    def routed(self, model: str, decision: Decision, stream: bool, features: RequestFeatures | None = None) -> None:
+        self.model, self.decision, self.stream, self.features = model, decision, stream, features
         self.ex.header("x-enginegate-route", decision.reason.value)
         if decision.rule:
             self.ex.header("x-enginegate-rule", decision.rule)
@@ -137,12 +168,20 @@ class RequestLife:
             entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000,
             usage.completion_tokens if usage is not None and not cancelled else None,
         )  # fmt: skip
+        if usage is not None and usage.cached_tokens is not None:
+            self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
             self.state.metrics.answered(
                 self.chat, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,
                 usage.prompt_tokens, usage.completion_tokens,
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)
+
+    def _reuse_reported(self, entry: Entry, cached_tokens: int) -> None:
+        self.state.metrics.cached(entry.name, cached_tokens)
+        sent, f = self._sent.get(entry.name), self.features
+        if sent is not None and f is not None:
+            self.state.fleet.cached(entry, sent[1], cached_tokens, f.block_tokens)
 
     def broke(self, error: BackendError | None, usage: Usage | None = None) -> None:
         """A committed stream failed after its first byte: the engine (``error``), or the gateway (None)."""
@@ -194,6 +233,7 @@ class RequestLife:
         self, outcome: str, status: int | None, usage: Usage | None, error: BackendError | None, code: str | None = None
     ) -> None:
         backend = self.backend
+        cost = self.on_end(usage, self.entry is not None) if self.on_end is not None else None
         self.state.metrics.request(self.chat, self.model, backend, outcome, status)
         if not log.isEnabledFor(logging.INFO):
             return
@@ -218,5 +258,8 @@ class RequestLife:
                 "engine_wait_ms": round(self.engine_wait_s * 1000, 3),
                 "prompt_tokens": usage.prompt_tokens if usage else None,
                 "completion_tokens": usage.completion_tokens if usage else None,
+                "key_id": self.key_id,
+                "cost_usd": cost,
+                **self.caller,
             },
         )

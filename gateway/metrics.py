@@ -175,6 +175,12 @@ class Metrics:
                 registry=r,
             )
         )
+        self._cached_tokens = _Children(Counter(
+            "enginegate_prompt_tokens_cached",
+            "Prompt tokens the engines reported reusing from their prefix cache (where they report it): "
+            "over enginegate_prompt_tokens, the hit rate per backend.",
+            ["backend"], registry=r,
+        ))  # fmt: skip
         self._completion_tokens = _Children(Counter(
             "enginegate_completion_tokens", "Completion tokens as the engines counted them.", ["model", "backend"],
             registry=r,
@@ -260,6 +266,10 @@ class Metrics:
             self._tpot(label, backend).observe(tpot_s)
         self._prompt_tokens(label, backend).inc(prompt_tokens)
         self._completion_tokens(label, backend).inc(completion_tokens)
+
+    def cached(self, backend: str, tokens: int) -> None:
+        """An engine reported reusing ``tokens`` prompt tokens from its prefix cache."""
+        self._cached_tokens(backend).inc(tokens)
 
     def overhead(self, chat: bool, seconds: float) -> None:
         self._overhead("chat" if chat else "completions").observe(seconds)

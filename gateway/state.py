@@ -23,6 +23,7 @@ from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
 from gateway.engines import BackendFactory
 from gateway.fleet import Entry, Fleet, reconcile
 from gateway.metrics import MULTIPROCESS_ENV, Metrics
+from gateway.tenancy import gate as tenancy
 from routing.types import Rules
 
 log = logging.getLogger("enginegate.config")
@@ -59,6 +60,8 @@ class AppState:
             multiprocess_dir=os.environ.get(MULTIPROCESS_ENV) or None,
         )
         self.fleet.after_poll = self.metrics.fleet.refresh
+        self.tenancy = tenancy.build(loaded, self.metrics.registry)
+        """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
         self.started = int(time.time())
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""
@@ -97,6 +100,8 @@ class AppState:
             self.runtime = runtime
             self.fleet.replace(entries, models, retired)
             self.metrics.set_models(self.runtime.model_names)
+            if self.tenancy is not None:
+                self.tenancy.reconfigure(loaded.config.auth, tenancy.prices_of(loaded.config))
             self.metrics.reload("ok")
             log.info(
                 "config reloaded from %s: %d backends kept, %d started, %d retired",

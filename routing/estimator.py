@@ -4,6 +4,8 @@ Prefill is compute-bound: 2 x parameters x prompt tokens / usable FLOP/s.
 Decode is memory-bound: every step reads the weights once for the whole batch
 plus each running sequence's KV cache: (weights + batch x KV) / usable bandwidth.
 Queueing: when every slot is busy, the requests ahead share the slots.
+Prefix caching: prompt tokens expected in the backend's cache are not prefilled again (they still
+take KV cache), so the same prompt predicts a shorter first token where its prefix is held.
 Observed TTFT (as a ratio to the prediction) and time per output token replace
 the priors per backend through exponentially weighted averages.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
-from routing.types import BackendState, ModelSpec, Observed, Prediction
+from routing.types import BackendProfile, BackendState, ModelSpec, Observed, Prediction
 
 ALPHA = 0.2
 """Weight of a new observation in the running averages."""
@@ -36,8 +38,14 @@ def decode_step_ms(model: ModelSpec, state: BackendState, context_tokens: int) -
     return (model.weight_bytes + batch * model.kv_bytes_per_token * context_tokens) / bandwidth * 1000
 
 
-def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> Prediction:
+def predict(
+    model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0
+) -> Prediction:
+    """``cached_tokens``: the prompt's tokens expected in the backend's prefix cache (at least its last
+    token is always computed, as engines do)."""
     p = state.profile
+    cached = max(0, min(cached_tokens, prompt_tokens - 1))
+    fresh = prompt_tokens - cached
     out = max(max_tokens, 1)
     step = decode_step_ms(model, state, prompt_tokens + out // 2)
     tpot = step
@@ -47,18 +55,30 @@ def predict(model: ModelSpec, state: BackendState, prompt_tokens: int, max_token
     ahead = state.waiting + state.running + 1 - room
     queue = 0.0
     if ahead > 0:
-        service = prefill_ms(model, state, prompt_tokens) + typical_output(state.observed) * tpot
+        service = prefill_ms(model, state, fresh) + typical_output(state.observed) * tpot
         queue = ahead * service / room
     # The prompt is prefilled after the prompts sent before it, a chunk per engine iteration, and every
     # iteration also decodes one token for each running sequence.
-    prefill_tokens = state.prefill_backlog_tokens + prompt_tokens
+    prefill_tokens = state.prefill_backlog_tokens + fresh
     iterations = -(-prefill_tokens // PREFILL_CHUNK_TOKENS)
     prefill = prefill_ms(model, state, prefill_tokens) + (iterations * step if state.running else 0.0)
     prior = p.efficiency.overhead_ms + queue + prefill
     ttft = prior * state.observed.ttft_ratio
     return Prediction(
-        ttft_ms=ttft, tpot_ms=tpot, e2e_ms=ttft + tpot * (out - 1), queue_ms=queue, prior_ttft_ms=prior, slots=room
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        e2e_ms=ttft + tpot * (out - 1),
+        queue_ms=queue,
+        prior_ttft_ms=prior,
+        slots=room,
+        cached_tokens=cached,
     )
+
+
+def kv_capacity_tokens(model: ModelSpec, profile: BackendProfile) -> float:
+    """Tokens of KV cache the backend's memory holds beside the weights: what its prefix cache can keep."""
+    room = profile.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
+    return max(0.0, room / model.kv_bytes_per_token)
 
 
 def slots(model: ModelSpec, state: BackendState, tokens_per_sequence: int) -> int:

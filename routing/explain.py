@@ -32,6 +32,7 @@ def to_dict(decision: Decision, features: RequestFeatures) -> dict[str, Any]:
                 "tpot_ms": round(c.prediction.tpot_ms, 3),
                 "e2e_ms": round(c.prediction.e2e_ms, 3),
                 "queue_ms": round(c.prediction.queue_ms, 3),
+                "cached_tokens": c.prediction.cached_tokens,
                 "terms": {k: round(v, 4) for k, v in c.terms.items()},
             }
             for i, c in enumerate(decision.candidates)
@@ -61,7 +62,9 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         + (f", retry after {decision.retry_after_s:.0f} s" if decision.retry_after_s else ""),
         "",
     ]
-    header = ("#", "backend", "engine", "hardware", "ttft ms", "tpot ms", "e2e ms", "queue ms", "meets", "score")
+    header = (
+        "#", "backend", "engine", "hardware", "cached", "ttft ms", "tpot ms", "e2e ms", "queue ms", "meets", "score"
+    )  # fmt: skip
     rows = [header]
     for i, c in enumerate(decision.candidates, start=1):
         p = profiles[c.backend]
@@ -72,6 +75,7 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
                 c.backend,
                 p.engine,
                 hardware,
+                str(c.prediction.cached_tokens),
                 f"{c.prediction.ttft_ms:.1f}",
                 f"{c.prediction.tpot_ms:.2f}",
                 f"{c.prediction.e2e_ms:.0f}",

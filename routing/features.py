@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
+from routing import prefix
 from routing.types import RequestFeatures
 
 # Without the model's tokenizer at hand: about four characters per token for English text.
 CHARS_PER_TOKEN = 4
-# Requests whose first characters agree are likely to share an engine's prefix cache.
-PREFIX_CHARS = 256
 # Headers rules may match on: the gateway's own and the client's tenant marker; never credentials.
 RULE_HEADERS = ("x-tenant", "x-priority", "x-enginegate-pool", "x-enginegate-class")
 
@@ -32,17 +30,6 @@ class InvalidHeader(ValueError):
 
 def estimate_tokens(texts: Iterable[str]) -> int:
     return sum(len(t) for t in texts) // CHARS_PER_TOKEN + 1
-
-
-def _prefix(texts: list[str]) -> str:
-    """The first characters of the prompt, without joining a whole long history to find them."""
-    parts, size = [], 0
-    for t in texts:
-        parts.append(t[: PREFIX_CHARS - size])
-        size += len(parts[-1])
-        if size >= PREFIX_CHARS:
-            break
-    return "".join(parts)
 
 
 def _header_ms(headers: Mapping[str, str], *names: str) -> float | None:
@@ -84,13 +71,19 @@ def features(
     headers: Mapping[str, str],
     prompt_tokens: int | None = None,
     gate: float = 0.0,
+    needs: frozenset[str] = frozenset(),
+    extras: frozenset[str] = frozenset(),
+    roles: Sequence[str] | None = None,
 ) -> RequestFeatures:
-    """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text."""
+    """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text.
+    ``roles``: the chat messages' roles (None for a completion prompt), which mark the conversation's opening."""
     texts = list(texts)
-    prefix = _prefix(texts)
+    tokens = prompt_tokens if prompt_tokens is not None else estimate_tokens(texts)
+    data = prefix.rendered(texts)
+    opening = prefix.opening_length(texts, roles)
     return RequestFeatures(
         model=model,
-        prompt_tokens=prompt_tokens if prompt_tokens is not None else estimate_tokens(texts),
+        prompt_tokens=tokens,
         max_tokens=max_tokens,
         stream=stream,
         latency_budget_ms=_header_ms(headers, "x-latency-budget-ms"),
@@ -98,7 +91,12 @@ def features(
         tpot_budget_ms=_header_ms(headers, "x-slo-tpot-ms"),
         priority=_priority(headers),
         tenant=headers.get("x-tenant"),
-        prefix_hash=zlib.crc32(prefix.encode()),
+        prefix_hash=prefix.opening_key(data, opening),
+        prefix_blocks=prefix.chain(data),
+        block_tokens=tokens * prefix.BLOCK_BYTES / max(1, len(data)),
+        opening_blocks=opening // prefix.BLOCK_BYTES,
         headers=tuple((h, headers[h]) for h in RULE_HEADERS if h in headers),
         gate=gate,
+        needs=needs,
+        extras=extras,
     )

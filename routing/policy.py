@@ -2,9 +2,13 @@
 
 Scores are weighted sums of terms in [0, 1]: how well the predicted latency
 meets the budget (or, with no budget, how fast it is), cost per request, free
-capacity, and prefix affinity (rendezvous hashing of the prompt prefix, so
-requests sharing a prefix keep reaching the same engine's cache). Backends
-predicted to meet the budget always rank before those that are not.
+capacity, and affinity. Prompt tokens a backend is expected to hold in its
+prefix cache (``routing.prefix``) shorten its predicted prefill, so cache hits
+are traded against queueing and budgets in the predictions themselves; the
+affinity bonus only keeps a conversation where its history is (or, for a new
+one, at the rendezvous home of its opening, which every gateway replica
+computes alike) when predictions are about even. Backends predicted to meet
+the budget always rank before those that are not.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
 
+HOME_BOUND = 1.25
+"""A new conversation's home holds at most this multiple of the mean expected cache (bounded loads)."""
+
+
 def priority_factor(priority: int) -> float:
     """How much of the admission limit a request may wait: twice it for positive priorities, half for
     negative ones, so low-priority requests are shed first as queues grow."""
@@ -60,6 +68,8 @@ def matches(rule: Rule, f: RequestFeatures) -> bool:
         and _in(f.ttft_budget_ms, rule.ttft_budget_ms)
         and _in(f.latency_budget_ms, rule.latency_budget_ms)
         and (not rule.tenants or f.tenant in rule.tenants)
+        and (not rule.keys or f.key in rule.keys)
+        and (not rule.teams or f.team in rule.teams)
         and all(headers.get(k) == v for k, v in rule.headers)
     )
 
@@ -74,7 +84,37 @@ def _share(key: int, name: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def lacking(state: BackendState, f: RequestFeatures) -> list[str]:
+    """Capabilities and extra fields the request uses that the backend lacks."""
+    if not f.needs and not f.extras:
+        return []
+    return sorted(f.needs - state.profile.features) + sorted(f.extras - state.profile.extras)
+
+
+def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures) -> str:
+    """Where this conversation belongs: the backend holding most of its own history (blocks beyond
+    the opening every conversation with this system prompt shares), else the rendezvous home of its
+    opening, the same from every gateway replica.
+
+    Rendezvous with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018): a new conversation
+    skips, in its rendezvous order, backends whose expected cache holds more than ``HOME_BOUND``
+    times the candidates' mean, so homes stay within that of even however the hash falls. Once
+    caches are full everywhere (a busy fleet), none is skipped and every replica agrees.
+    """
+    beyond = max(matched.values()) - f.opening_blocks
+    if beyond > 0:
+        held = [s for s in alive if matched[s.name] - f.opening_blocks == beyond]
+        return max(held, key=lambda s: _share(f.prefix_hash, s.name)).name
+    ranked = sorted(alive, key=lambda s: -_share(f.prefix_hash, s.name))
+    tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]
+    bound = HOME_BOUND * sum(tokens) / len(tokens)
+    return next((s.name for s, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0].name)
+
+
 def _excluded(state: BackendState, rule: Rule | None, f: RequestFeatures, model: ModelSpec, out: int) -> str | None:
+    lacks = lacking(state, f)
+    if lacks:
+        return "lacks " + ", ".join(lacks)
     if not state.healthy:
         return "unhealthy"
     if state.breaker is Breaker.OPEN:
@@ -133,12 +173,16 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     serving = [b for b in snapshot.backends if f.model in b.profile.models]
     if model is None or not serving:
         return Decision(Reason.NO_BACKEND_FOR_MODEL, rule=name, max_attempts=max_attempts)
+    if (f.needs or f.extras) and all(lacking(s, f) for s in serving):
+        lacks = {s.name: "lacks " + ", ".join(lacking(s, f)) for s in serving}
+        return Decision(Reason.UNSUPPORTED, excluded=lacks, rule=name, max_attempts=max_attempts)
     out = f.max_tokens or DEFAULT_MAX_TOKENS
     excluded: dict[str, str] = {}
     alive: list[BackendState] = []
     probes: list[BackendState] = []
     for state in serving:
-        problem = _excluded(state, rule, f, model, out)
+        # Without max_tokens the answer takes what the context leaves: the prompt must leave a token.
+        problem = _excluded(state, rule, f, model, f.max_tokens or 1)
         if problem is not None:
             excluded[state.name] = problem
         elif state.breaker is Breaker.HALF_OPEN and f.gate >= state.recovery:
@@ -150,11 +194,15 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     probing = {state.name for state in probes}
     alive += probes
     if not alive:
-        down = all(r in ("unhealthy", "circuit breaker open") for r in excluded.values())
+        # Backends lacking a capability never could serve it: the ones that could are down.
+        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith("lacks ") for r in excluded.values())
         reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
         return Decision(reason, excluded=excluded, rule=name, max_attempts=max_attempts)
 
-    predictions = {s.name: predict(model, s, f.prompt_tokens, out) for s in alive}
+    matched = {s.name: s.prefix.match(f.prefix_blocks) if s.prefix is not None else 0 for s in alive}
+    predictions = {
+        s.name: predict(model, s, f.prompt_tokens, out, int(matched[s.name] * f.block_tokens)) for s in alive
+    }
     limit = rules.max_queue_wait_ms * priority_factor(f.priority)
     full = {s.name: predictions[s.name].queue_ms for s in alive if predictions[s.name].queue_ms > limit}
     if full:
@@ -170,7 +218,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     # The price of the capacity a request takes: its time on the backend over the sequences it runs at once.
     cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / predictions[s.name].slots for s in alive}
     cheapest = min(cost.values())
-    affine = max(alive, key=lambda s: _share(f.prefix_hash, s.name)).name
+    affine = _home(alive, matched, f)
     ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}
     closest_miss = min((r for r in ratios.values() if r is not None and r > 1), default=1.0)
     w = rules.weights

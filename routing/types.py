@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from routing.catalog import EngineEfficiency, GpuSpec
+
+if TYPE_CHECKING:
+    from routing.prefix import PrefixIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,13 +25,30 @@ class RequestFeatures:
     priority: int = 0
     tenant: str | None = None
     prefix_hash: int = 0
-    """Hash of the rendered prompt's first characters: requests sharing it reuse an engine's prefix cache."""
+    """Rendezvous key of the prompt's opening (``routing.prefix.opening_key``): every turn of a
+    conversation, from any gateway replica, ranks the backends the same way."""
+    prefix_blocks: tuple[int, ...] = ()
+    """Chained hashes of the prompt's blocks (``routing.prefix.chain``): matched against what each
+    backend is expected to hold."""
+    block_tokens: float = 0.0
+    """Prompt tokens per block, from the request's tokens over its bytes."""
+    opening_blocks: int = 0
+    """Blocks of the conversation's opening (system messages and first user message): cache beyond
+    them is this conversation's own history."""
     headers: tuple[tuple[str, str], ...] = ()
     """Lower-cased request headers rules may match on (never logged)."""
     gate: float = 0.0
     """A number in [0, 1) drawn at random per request: a recovering (half-open) backend admits the
     request when it falls below the backend's recovery share, so each request, not each prompt, is
     a draw."""
+    key: str | None = None
+    """The API key's id (gateway/tenancy), when the request presented one."""
+    team: str | None = None
+    """The key's team, when it has one."""
+    needs: frozenset[str] = frozenset()
+    """Capabilities the request uses (``backends.capabilities`` names): only backends with all of them serve it."""
+    extras: frozenset[str] = frozenset()
+    """Fields outside OpenAI's spec the request carries: only backends that understand them serve it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +81,10 @@ class BackendProfile:
     pool: str | None = None
     context: int | None = None
     """The deployment's own context limit, when smaller than the model's."""
+    features: frozenset[str] = frozenset()
+    """Capabilities the backend honours (its adapter's, adjusted by config and the model entry)."""
+    extras: frozenset[str] = frozenset()
+    """Fields outside OpenAI's spec its engine understands."""
 
 
 class Breaker(enum.Enum):
@@ -102,6 +127,8 @@ class BackendState:
     engine_slots: int | None = None
     """Requests the engine runs at once as its own gauges showed (running while others waited), when
     lower than the configured concurrency: queueing starts there."""
+    prefix: PrefixIndex | None = field(default=None, compare=False)
+    """The blocks this gateway expects the engine to hold (read only by routing)."""
 
     @property
     def name(self) -> str:
@@ -127,6 +154,10 @@ class Weights:
     cost: float = 0.2
     load: float = 0.2
     affinity: float = 0.1
+    """Stickiness: the bonus of the backend holding this conversation's own history (its cache
+    beyond the opening), else of the opening's rendezvous home. Cached tokens themselves count in the
+    predictions, not here; this keeps a conversation, and every replica's view of it, in one place
+    when the predictions are about even."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +168,10 @@ class Rule:
     ttft_budget_ms: tuple[float | None, float | None] = (None, None)
     latency_budget_ms: tuple[float | None, float | None] = (None, None)
     tenants: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    """API key ids; empty matches any request."""
+    teams: tuple[str, ...] = ()
+    """Teams of API keys; empty matches any request."""
     headers: tuple[tuple[str, str], ...] = ()
     prefer: tuple[str, ...] = ()
     """Backend names or pools ranked first when they qualify."""
@@ -176,6 +211,8 @@ class Reason(enum.Enum):
     NO_HEALTHY_BACKEND = "no_healthy_backend"
     NOTHING_FITS = "nothing_fits"
     """Backends serve the model but none holds it with this context (memory or context length)."""
+    UNSUPPORTED = "unsupported"
+    """No backend serving the model has every capability the request uses (a 400 naming the field)."""
     OVERLOADED = "overloaded"
     """Every backend that could serve would queue the request past the admission limit: shed (503)."""
 
@@ -191,6 +228,8 @@ class Prediction:
     compared with (the correction may change between a prediction and its observation)."""
     slots: int = 1
     """Sequences of this request's size the backend runs at once (its slots or its KV cache)."""
+    cached_tokens: int = 0
+    """Prompt tokens expected in the backend's prefix cache: its prefill skips them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,13 +73,14 @@ def vllm_server(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def llama_server(workdir: Path) -> Iterator[str]:
-    """llama.cpp's llama-server on the demo GGUF, with metrics, two slots and one thread."""
+def llama_server(workdir: Path, *extra: str) -> Iterator[str]:
+    """llama.cpp's llama-server on the demo GGUF, with metrics, two slots and one thread; ``extra``
+    command-line arguments after those (a later option wins)."""
     _require(LLAMA_SERVER, "tools/build_llama_server.sh")
     port = free_port()
     cmd = [
         str(LLAMA_SERVER), "-m", str(DEMO_GGUF), "-c", "8192", "-np", "2", "-t", "1",
-        "--host", "127.0.0.1", "--port", str(port), "--metrics", "--alias", SERVED, "--jinja", "--no-webui",
+        "--host", "127.0.0.1", "--port", str(port), "--metrics", "--alias", SERVED, "--jinja", "--no-webui", *extra,
     ]  # fmt: skip
     with _process(cmd, workdir / "llama-server.log", f"http://127.0.0.1:{port}", "/health", 120, {}) as base:
         yield base

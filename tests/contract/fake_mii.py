@@ -208,7 +208,16 @@ def _restful(message: str, code: int, headers: dict[str, str] | None = None) -> 
     return Response(json.dumps({"message": message}) + "\n", code, headers, media_type="application/json")
 
 
-def create_rest_app(engine: TinyEngine, control: FakeControl, *, deployment: str = "enginegate-demo") -> ASGIApp:
+def create_rest_app(
+    engine: TinyEngine,
+    control: FakeControl,
+    *,
+    deployment: str = "enginegate-demo",
+    received: list[dict[str, Any]] | None = None,
+) -> ASGIApp:
+    """MII's REST gateway; each JSON body POSTed to the resource is appended to ``received``."""
+    bodies = [] if received is None else received
+
     async def resource(request: Request) -> Response:
         if request.method != "POST":
             return _restful(_NOT_ALLOWED, 405, {"Allow": "OPTIONS, POST"})
@@ -217,6 +226,7 @@ def create_rest_app(engine: TinyEngine, control: FakeControl, *, deployment: str
             return _restful(_NOT_JSON, 415)
         try:
             data = json.loads(await request.body())
+            bodies.append(data)
         except ValueError:
             return _restful(_BAD_JSON, 400)
         try:
@@ -314,7 +324,7 @@ def _choice(chat: bool, stream: bool, index: int, text: str, reason: str) -> dic
     return {"index": index, key: body, "finish_reason": finish}
 
 
-async def _parse(request: Request, model: type[_M]) -> _M | Response:
+async def _parse(request: Request, model: type[_M], received: list[dict[str, Any]]) -> _M | Response:
     """FastAPI's body validation, reported through MII's RequestValidationError handler."""
     try:
         body = json.loads(await request.body())
@@ -322,6 +332,7 @@ async def _parse(request: Request, model: type[_M]) -> _M | Response:
         loc = ("body", getattr(exc, "pos", 0))
         return _error(_VALIDATION, str([{"type": "json_invalid", "loc": loc, "msg": "JSON decode error", "input": {}}]))
     try:
+        received.append(body)
         return model.model_validate(body)
     except ValidationError as exc:
         errors: list[dict[str, Any]] = [dict(e) for e in exc.errors(include_url=False)]
@@ -374,11 +385,20 @@ async def _events(
     yield "data: [DONE]\n\n"
 
 
-def create_openai_app(engine: TinyEngine, control: FakeControl, *, model: str = "enginegate-demo") -> ASGIApp:
+def create_openai_app(
+    engine: TinyEngine,
+    control: FakeControl,
+    *,
+    model: str = "enginegate-demo",
+    received: list[dict[str, Any]] | None = None,
+) -> ASGIApp:
+    """MII's OpenAI server; each JSON body POSTed to the generate routes is appended to ``received``."""
+    bodies = [] if received is None else received
+
     async def generate(request: Request) -> Response:
         chat = request.url.path.endswith("/chat/completions")
         req: _ChatRequest | _CompletionRequest | Response
-        req = await (_parse(request, _ChatRequest) if chat else _parse(request, _CompletionRequest))
+        req = await (_parse(request, _ChatRequest, bodies) if chat else _parse(request, _CompletionRequest, bodies))
         if isinstance(req, Response):
             return req
         if req.model != model:

@@ -18,9 +18,46 @@ POST ``/generate``, ``/generate_stream``, ``/`` (the compat route the ``text-gen
 * Messages API: temperature 0 is greedy, anything else (or none) samples; ``model`` is echoed unless
   absent or ``"tgi"``; ``eos_token`` reads ``stop`` (not in the completions stream's last chunk).
 
-Not reproduced: logprobs (0.0), ``prefill`` ([]), ``top_tokens``, chat ``logprobs``, ``truncate`` (only
-validated and counted), ``best_of`` > 1, tools, grammars, seeds, ``top_k`` and penalties (validated
-only), ``FakeControl.loading`` (TGI's router does not listen before its model is loaded).
+Capabilities (router/src/lib.rs, chat.rs, infer/tool_grammar.rs, validation.rs; schema docs/openapi.json):
+
+* Grammars: ``parameters.grammar`` and chat ``response_format`` are TGI's ``GrammarType``, adjacently
+  tagged ``{"type": "json" (alias "json_object") | "regex" | "json_schema", "value": ...}``; serde
+  rejects other shapes (422, plain text). Validation as the router's: a ``json`` value that is a string
+  is parsed again, a schema must pass the draft 2020-12 meta-schema and have ``properties`` ("grammar
+  is not valid: Grammar must have a 'properties' field"). Reproduced as well: serde_json without
+  ``preserve_order`` sorts object keys, so the constrained output has its properties in key order.
+* Tools (chat): ``tools`` (``function.arguments`` or its alias ``parameters`` required), ``tool_choice``
+  ("auto", "none", "required", ``{"type": "function", "function": {"name"}}``, any other string
+  naming a function), ``tool_prompt``; ``tools`` with ``response_format`` is a 422 ``tool_error``.
+  ToolGrammar's schema (``$functions`` with a ``_name`` const, "auto" adding ``no_tool``), the tools
+  appended to the last message as TGI's default tool template does (``\n---\n<tools JSON>\n<prompt>``),
+  the output parsed as ``{"function": {"_name", ...arguments}}``: a call answers
+  ``message.tool_calls`` (id "0", ``arguments`` a JSON string, ``finish_reason`` "stop"); ``no_tool``
+  generates again without tools. Streams follow ChatState: nothing until the name parses, then one
+  ``delta.tool_calls`` piece per token (the first with the name and ``{`` for arguments, every one
+  with the id of ``next_tool_call_id``, ``name`` null after the first, the last ``}`` trimmed), and no
+  chunk with a finish reason after a call.
+* Logprobs: each token's ``logprob`` is the demo model's; ``top_n_tokens`` (chat ``top_logprobs``, at
+  most 5) gives ``top_tokens`` (native stream events, ``details.top_tokens``) from one forward pass per
+  token; chat ``logprobs: true`` gives ``choices[].logprobs.content`` (streams: the token of each
+  chunk, the end token's too). ``n`` and ``logit_bias`` (a list of floats in TGI's schema: OpenAI's map
+  is a 422) are accepted and unused, as in TGI.
+
+Stand-ins (the fake's own choices where a real model and outlines decide):
+
+* Constrained decoding: a grammar request says a fixed document instead of the model's choice, teacher
+  forced through the demo model (token ids, counts and log probabilities are the model's): for a JSON
+  schema the smallest instance it can build (every property, sorted; strings "Paris", numbers their
+  minimum or 0, the first ``enum``/``anyOf`` member), for a regex the first of a few candidate
+  documents it fully matches (none: the model's free text).
+* ``tool_choice`` "auto" picks ``no_tool`` (a tiny model answering in text) unless the app is made with
+  ``auto_tool_call=True``; "required" calls the first tool.
+
+Not reproduced: ``prefill`` ([]), ``truncate`` (only validated and counted), ``best_of`` > 1, seeded
+sampling (``seed`` is validated and echoed in ``details.seed``; the demo model's sampling is not
+seeded), ``top_k``, ``typical_p``, ``watermark`` and penalties (validated only), the wording of serde's
+errors (approximate), ``FakeControl.loading`` (TGI's router does not listen before its model is loaded).
+Every request body is recorded in ``received`` (a list ``create_app`` may be given), for assertions.
 
 ``FakeControl.fail_next`` names, taken at the start of each generation request:
 ``overloaded`` 429 before validation (in a stream, the first and only event); ``overloaded_midstream``
@@ -37,12 +74,14 @@ import json
 import random
 import re
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import anyio
+import jsonschema
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -56,7 +95,7 @@ VERSION = "3.3.6-dev0"
 FINGERPRINT = f"{VERSION}-native"
 CHUNK = 1024  # DEFAULT_GENERATION_LENGTH, router/src/validation.rs
 FAULTS = ("overloaded", "overloaded_midstream", "generation", "incomplete", "validation")
-STATUS = {"validation": 422, "overloaded": 429, "generation": 424, "template_error": 422}
+STATUS = {"validation": 422, "overloaded": 429, "generation": 424, "template_error": 422, "tool_error": 422}
 FAIL_LABEL = {"template_error": "template", "suffix not supported": "validation", "batch size exceeded": "validation"}
 NO_BUFFERING = {"x-accel-buffering": "no"}
 DESERIALIZE = "Failed to deserialize the JSON body into the target type: "
@@ -80,10 +119,13 @@ def spec(text: str) -> dict[str, str]:
 GEN_SPEC = spec(
     "best_of:i temperature:f repetition_penalty:f frequency_penalty:f top_k:j top_p:f typical_p:f do_sample:b!"
     " max_new_tokens:i return_full_text:b stop:l! truncate:i watermark:b! seed:i details:b! decoder_input_details:b!"
-    " top_n_tokens:i adapter_id:s"
+    " top_n_tokens:i adapter_id:s grammar:m"
 )
 OAI_SPEC = spec("model:s max_tokens:i temperature:f top_p:f stream:b! seed:i stop:l frequency_penalty:f")
-CHAT_SPEC = OAI_SPEC | spec("messages:l! presence_penalty:f stream_options:m! max_completion_tokens:i top_logprobs:i")
+CHAT_SPEC = OAI_SPEC | spec(
+    "messages:l! presence_penalty:f stream_options:m! max_completion_tokens:i top_logprobs:i logprobs:b logit_bias:l"
+    " n:i tools:l tool_prompt:s response_format:m"
+)
 COMPLETION_SPEC = OAI_SPEC | spec("suffix:s repetition_penalty:f")
 
 
@@ -167,6 +209,8 @@ class GenRequest:
     best_of: int | None = None
     truncate: int | None = None
     top_n_tokens: int | None = None
+    grammar: dict[str, Any] | None = None
+    """``GrammarType`` as serde read it: ``{"type": "json" | "regex" | "json_schema", "value"}``."""
 
     @classmethod
     def parse(cls, body: Any, compat: bool) -> GenRequest:
@@ -174,6 +218,7 @@ class GenRequest:
         if "parameters" not in body:  # serde default_parameters(): do_sample true
             return cls(body["inputs"], do_sample=True)
         params, names = check(body["parameters"], GEN_SPEC, "parameters"), {f.name for f in fields(cls)}
+        params = params | {"grammar": parse_grammar(params.get("grammar"), "parameters.grammar")}
         return cls(body["inputs"], **{k: v for k, v in params.items() if k in names and v is not None})
 
 
@@ -184,6 +229,305 @@ def oai_request(body: dict[str, Any], prompt: str, max_tokens: Any, repetition: 
     req.stop, req.seed, req.frequency_penalty = body.get("stop") or [], body.get("seed"), body.get("frequency_penalty")
     req.repetition_penalty = repetition
     return req
+
+
+# --- grammars: serde's reading, the router's validation, the fake's stand-in for constrained decoding ---
+
+GRAMMAR_TYPES = {"json": "json", "json_object": "json", "regex": "regex", "json_schema": "json_schema"}
+STAND_IN_TEXT = "Paris"
+FORMATS = {
+    "date": "2024-05-01", "date-time": "2024-05-01T12:00:00Z", "time": "12:00:00", "email": "someone@example.com",
+    "uri": "https://example.com/", "uuid": "00000000-0000-4000-8000-000000000000",
+}  # fmt: skip
+# What a regex grammar is tried with, in order: the first the regex fully matches is the answer.
+REGEX_CANDIDATES = ('{"answer": "Paris"}', "{}", "Paris", "0", "true")
+
+
+def describe(v: Any) -> str:
+    return "null" if v is None else f"{type(v).__name__} `{v}`"
+
+
+def parse_grammar(obj: Any, path: str) -> dict[str, Any] | None:
+    """serde's verdict on an ``Option<GrammarType>`` (adjacently tagged by ``type``, content ``value``)."""
+    if obj is None:
+        return None
+    at = f"{DESERIALIZE}{path}: "
+    if not isinstance(obj, dict):
+        raise BadBody(f"{at}invalid type: {describe(obj)}, expected adjacently tagged enum GrammarType")
+    kind = obj.get("type")
+    if kind is None:
+        raise BadBody(f"{at}missing field `type`")
+    if kind not in GRAMMAR_TYPES:
+        expected = ", ".join(f"`{k}`" for k in GRAMMAR_TYPES)
+        raise BadBody(f"{at}unknown variant `{kind}`, expected one of {expected}")
+    if "value" not in obj:
+        raise BadBody(f"{at}missing field `value`")
+    value = obj["value"]
+    if kind == "regex" and not isinstance(value, str):
+        raise BadBody(f"{at}invalid type: {describe(value)}, expected a string")
+    if kind == "json_schema":
+        if not isinstance(value, dict):
+            raise BadBody(f"{at}invalid type: {describe(value)}, expected struct JsonSchemaConfig")
+        if "schema" not in value:
+            raise BadBody(f"{at}missing field `schema`")
+    return {"type": GRAMMAR_TYPES[kind], "value": value}
+
+
+def grammar_schema(grammar: dict[str, Any]) -> Any:
+    """The JSON schema of a ``json``/``json_schema`` grammar, validated as the router does."""
+    value = grammar["value"]
+    if grammar["type"] == "json_schema":
+        schema = value["schema"]
+    elif isinstance(value, str):
+        try:
+            schema = json.loads(value)
+        except ValueError as exc:
+            raise invalid(f"grammar is not valid: {exc}") from None
+    elif isinstance(value, dict):
+        schema = value
+    else:
+        raise invalid("grammar is not supported")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise invalid(f"grammar is not valid: {exc.message}") from None
+    if not isinstance(schema, dict) or "properties" not in schema:
+        raise invalid("grammar is not valid: Grammar must have a 'properties' field")
+    return schema
+
+
+def resolve(ref: str, root: Any) -> Any:
+    node = root
+    for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else ():
+        node = node[part.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def instance(schema: Any, root: Any, depth: int = 0) -> Any:
+    """A small document valid against ``schema``: the fake's stand-in for what outlines would let the
+    model write. Properties in key order (serde_json's maps are sorted), every one of them."""
+    if not isinstance(schema, dict) or depth > 16:
+        return {}
+    if "$ref" in schema:
+        return instance(resolve(schema["$ref"], root), root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return instance(schema[key][0], root, depth + 1)
+    if schema.get("allOf"):
+        merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+        for part in schema["allOf"]:
+            merged |= resolve(part["$ref"], root) if "$ref" in part else part
+        return instance(merged, root, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {k: instance(props[k], root, depth + 1) for k in sorted(props)}
+    if kind == "array":
+        n = max(int(schema.get("minItems", 1 if "items" in schema else 0)), 0)
+        n = min(n, int(schema.get("maxItems", n)))
+        return [instance(schema.get("items", {}), root, depth + 1) for _ in range(n)]
+    if kind in ("integer", "number"):
+        if "minimum" in schema or "exclusiveMinimum" in schema:
+            value = schema["minimum"] if "minimum" in schema else schema["exclusiveMinimum"] + 1
+        else:
+            value = min(0, schema.get("maximum", 0), schema.get("exclusiveMaximum", 1) - 1)
+        return int(value) if kind == "integer" else value
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    if schema.get("format") in FORMATS:
+        return FORMATS[schema["format"]]
+    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    text = STAND_IN_TEXT.ljust(low, "s")
+    return text if high is None else text[: max(int(high), low)]
+
+
+def stand_in(grammar: dict[str, Any]) -> str | None:
+    """What a grammar request says instead of the model's free choice (None: the model's own text)."""
+    if grammar["type"] == "regex":
+        try:
+            pattern = re.compile(grammar["value"])
+        except re.error:
+            return None
+        return next((c for c in REGEX_CANDIDATES if pattern.fullmatch(c)), None)
+    schema = grammar_schema(grammar)
+    return json.dumps(instance(schema, schema), ensure_ascii=False)
+
+
+# --- tools: serde's reading, ToolGrammar, ChatState ---
+
+NO_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "no_tool",
+        "description": "Open ended response with no specific tool selected",
+        "arguments": {"type": "object"},
+    },
+}
+DEFAULT_TOOL_PROMPT = (
+    "\nGiven the functions available, please respond with a JSON for a function call with its proper arguments "
+    "that best answers the given prompt. Respond in the format {name: function name, parameters: dictionary of "
+    "argument name and its value}.Do not use variables.\n"
+)
+
+
+def parse_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
+    """``Vec<Tool>``: ``type`` and ``function`` ({description, name, arguments alias parameters})."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        check(tool, spec("type:s! function:m!"), f"tools[{i}]", required=("type", "function"))
+        fn = check(tool["function"], spec("description:s name:s!"), f"tools[{i}].function", required=("name",))
+        if "arguments" not in fn and "parameters" not in fn:
+            raise BadBody(f"{DESERIALIZE}tools[{i}].function: missing field `arguments`")
+        args = fn["arguments"] if "arguments" in fn else fn["parameters"]
+        out.append({"type": tool["type"], "function": {"name": fn["name"], "description": fn.get("description")}})
+        out[-1]["function"]["arguments"] = args
+    return out
+
+
+def parse_tool_choice(value: Any) -> str | tuple[str, str]:
+    """ToolTypeDeserializer: null is "auto", a string other than the three modes names a function."""
+    if value is None:
+        return "auto"
+    if isinstance(value, str):
+        return value if value in ("auto", "none", "required") else ("function", value)
+    fn = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+        return ("function", fn["name"])
+    raise BadBody(f"{DESERIALIZE}tool_choice: data did not match any variant of untagged enum ToolTypeDeserializer")
+
+
+def tool_grammar(
+    tools: list[dict[str, Any]], choice: str | tuple[str, str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """ToolGrammar::apply: the tools to show and the JSON schema that forces one call of one of them."""
+    if isinstance(choice, tuple):
+        use = [t for t in tools if t["function"]["name"] == choice[1]][:1]
+        if not use:
+            raise TGIError("tool_error", f"Tool with name {choice[1]} not found")
+    else:
+        use = {"required": tools, "auto": [*tools, NO_TOOL], "none": []}[choice]
+    if not use:
+        return None
+    functions = {}
+    for tool in use:
+        fn = tool["function"]
+        params: dict[str, Any] = {"description": fn.get("description") or ""}
+        props: dict[str, Any] = {"_name": {"type": "string", "const": fn["name"]}}
+        required: list[Any] = ["_name"]
+        args = fn["arguments"]
+        if isinstance(args, dict):
+            more, needed = args.get("properties"), args.get("required")
+            props |= more if isinstance(more, dict) else {}
+            required += needed if isinstance(needed, list) else []
+            params["additionalProperties"] = args.get("additionalProperties") == "true"  # sic: only the string
+        functions[fn["name"]] = params | {"properties": props, "required": required}
+    refs = [{"$ref": f"#/$functions/{t['function']['name']}"} for t in use]
+    return use, {"$functions": functions, "properties": {"function": {"anyOf": refs}}}
+
+
+def tool_call_doc(schema: dict[str, Any], name: str) -> str:
+    """The stand-in call of ``name`` under ToolGrammar's schema, keys sorted as serde_json writes them."""
+    doc = {"function": instance(schema["$functions"][name], schema)}
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def parse_call(text: str) -> tuple[str, dict[str, Any]] | None:
+    """serde's ``Call``: ``{"function": {"_name": str, ...arguments}}`` (trailing text refused)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    fn = doc.get("function") if isinstance(doc, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("_name"), str):
+        return None
+    return fn["_name"], {k: v for k, v in sorted(fn.items()) if k != "_name"}
+
+
+def next_tool_call_id(messages: list[Any]) -> str:
+    """ChatRequest::next_tool_call_id: one more than the largest numeric id in the history, else a UUID."""
+    best = 0
+    for m in messages:
+        if isinstance(m, dict) and m.get("content") is None:
+            for call in m.get("tool_calls") or ():
+                try:
+                    best = max(best, int(str(call.get("id"))) + 1)
+                except ValueError:
+                    return str(uuid.uuid4())
+    return str(best)
+
+
+def chat_logprobs(tokens: list[dict[str, Any]], tops: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """ChatCompletionLogprobs from tokens and their top tokens (missing tops: none)."""
+    content = []
+    for i, t in enumerate(tokens):
+        alts = tops[i] if i < len(tops) else []
+        top = [{"token": a["text"], "logprob": a["logprob"]} for a in alts]
+        content.append({"token": t["text"], "logprob": t["logprob"], "top_logprobs": top})
+    return {"content": content}
+
+
+class ChatState:
+    """chat.rs ChatState: turns native stream events into chat chunks; a tool stream is held
+    (Buffering) until the function's name parses, then streamed as argument pieces (Tool)."""
+
+    def __init__(self, using_tools: bool, include_usage: bool, head: dict[str, Any], logprobs: bool, call_id: str):
+        self.state = "buffering" if using_tools else "content"
+        self.text, self.include_usage, self.head = "", include_usage, head
+        self.logprobs, self.call_id = logprobs, call_id
+
+    def push(self, ev: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The chunks for one event; None is ``ChatEvent::NoTool`` (the model chose ``no_tool``)."""
+        tok, out = ev["token"], []
+        if self.state == "buffering":
+            self.text += tok["text"]
+            call = parse_call(self.text.rstrip(" \t\n\r\x0b\x0c,}") + "}}")
+            if call is not None:
+                if call[0] == "no_tool":
+                    return None
+                out.append(self.chunk(ev, "{", tool=True, name=call[0]))
+                self.state = "tool"
+        elif self.state == "tool":
+            self.text += tok["text"]
+            if parse_call(self.text) is not None:
+                self.state = "buffering"
+                text = tok["text"].rstrip()
+                out.append(self.chunk(ev, text[:-1] if text.endswith("}") else text, tool=True))
+            else:
+                out.append(self.chunk(ev, tok["text"], tool=True))
+        else:
+            out.append(self.chunk(ev, tok["text"], tool=False))
+        d = ev["details"]
+        if d and self.include_usage:
+            kind = {"object": "chat.completion.chunk"}
+            out.append(kind | self.head | {"choices": [], "usage": usage(d["input_length"], d)})
+        return out
+
+    def chunk(self, ev: dict[str, Any], text: str, tool: bool, name: str | None = None) -> dict[str, Any]:
+        """create_event_from_stream_token, with the token's text as ChatState rewrote it."""
+        tok, d = ev["token"], ev["details"]
+        logprobs = chat_logprobs([tok | {"text": text}], [ev.get("top_tokens", [])]) if self.logprobs else None
+        content = None if tok["special"] else text
+        delta: dict[str, Any]
+        if tool and content is not None:
+            function = {"name": name, "arguments": content}
+            call = {"index": 0, "id": self.call_id, "type": "function", "function": function}
+            delta = {"role": "assistant", "tool_calls": [call]}
+        else:
+            delta = {"role": "assistant", "content": "" if tool or content is None else content}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": d and openai_finish(d)}
+        return {"object": "chat.completion.chunk"} | self.head | {"choices": [choice], "usage": None}
 
 
 @dataclass
@@ -198,6 +542,9 @@ class Plan:
     top_p: float
     seed: int | None
     stop: list[str]
+    script: str | None = None
+    """The grammar's stand-in answer (see the module's docstring), said instead of the model's choice."""
+    top_n: int = 0
 
 
 @dataclass
@@ -208,6 +555,8 @@ class Step:
     text: str
     plan: Plan
     times: tuple[float, float, float]  # received, validated (queued), scheduled
+    top: list[dict[str, Any]] = field(default_factory=list)
+    """``top_tokens`` at this place (``top_n_tokens`` of them)."""
 
 
 class Histogram:
@@ -230,9 +579,19 @@ class Histogram:
 
 
 class FakeTGI:
-    def __init__(self, engine: TinyEngine, control: FakeControl, model_id: str, max_input: int, max_total: int) -> None:
+    def __init__(
+        self,
+        engine: TinyEngine,
+        control: FakeControl,
+        model_id: str,
+        max_input: int,
+        max_total: int,
+        received: list[tuple[str, Any]],
+        auto_tool_call: bool,
+    ) -> None:
         self.engine, self.control, self.model_id = engine, control, model_id
         self.max_input, self.max_total, self.queued = max_input, max_total, 0
+        self.received, self.auto_tool_call = received, auto_tool_call
         self.counters: dict[tuple[str, str], int] = {}
         seconds = [0.0001 * 1.5]
         while len(seconds) < 35:
@@ -284,9 +643,24 @@ class FakeTGI:
         if n_in > self.max_input:
             raise invalid(f"`inputs` must have less than {self.max_input} tokens. Given: {n_in}")
         self.hists["tgi_request_input_length"].observe(n_in)
+        script = None if req.grammar is None else self.stand_in(req.grammar)
         sample = req.do_sample or temperature != 1.0 or bool(req.top_k) or top_p < 1.0 or (req.typical_p or 1) < 1
         seed = (random.getrandbits(64) if req.seed is None else req.seed) if sample else None
-        return Plan(req.inputs, n_in, self.budget(n_in, req.max_new_tokens), sample, temperature, top_p, seed, req.stop)
+        budget = self.budget(n_in, req.max_new_tokens)
+        plan = Plan(req.inputs, n_in, budget, sample, temperature, top_p, seed, req.stop, script, req.top_n_tokens or 0)
+        return plan
+
+    def stand_in(self, grammar: dict[str, Any]) -> str | None:
+        """The answer a grammar forces here; ToolGrammar's schema gets the fake's tool choice."""
+        value = grammar["value"]
+        functions = value.get("$functions") if grammar["type"] == "json" and isinstance(value, dict) else None
+        if not isinstance(functions, dict):
+            return stand_in(grammar)
+        schema = grammar_schema(grammar)
+        names = [r["$ref"].rsplit("/", 1)[-1] for r in schema["properties"]["function"]["anyOf"]]
+        tools = [n for n in names if n != "no_tool"]
+        pick = tools[0] if tools and ("no_tool" not in names or self.auto_tool_call) else names[-1]
+        return tool_call_doc(schema, pick)
 
     def bad_truncate(self, given: int | None) -> str:
         return f"`truncate` must be strictly positive and less than {self.max_input}. Given: {given}"
@@ -337,12 +711,14 @@ class FakeTGI:
     async def _generate(self, plan: Plan, fault: str | None, times0: tuple[float, float]) -> AsyncGenerator[Step, None]:
         t0, queued = times0
         times, text, window = (t0, queued, time.monotonic()), "", ""
-        p = plan
-        gen = self.engine.stream(p.prompt, p.budget, greedy=not p.sample, temperature=p.temperature, top_p=p.top_p)
+        p, ids = plan, []
+        opts: dict[str, Any] = {"greedy": not p.sample, "temperature": p.temperature, "top_p": p.top_p}
+        gen = self.engine.stream(p.prompt, p.budget, script=p.script, **opts)
         assert isinstance(gen, AsyncGenerator)
         async with aclosing(gen) as tokens:
             async for tok in tokens:
                 shown = str(self.engine._tokenizer.id_to_token(tok.id)) if tok.special else tok.text
+                ids.append(tok.id)
                 text, window = text + ("" if tok.special else tok.text), window + shown
                 window = window[-200:] if len(window) > 300 else window  # StoppingCriteria keeps a tail
                 finish = "length" if tok.index >= plan.budget else "eos_token" if tok.special else None
@@ -354,11 +730,22 @@ class FakeTGI:
                     raise TGIError("overloaded", "Model is overloaded")
                 if fault == "incomplete" and finish:
                     break
-                token = {"id": tok.id, "text": shown, "logprob": 0.0, "special": tok.special}
-                yield Step(tok.index, token, finish, text, plan, times)
+                token = {"id": tok.id, "text": shown, "logprob": tok.logprob, "special": tok.special}
+                yield Step(tok.index, token, finish, text, plan, times, await self.top_tokens(p, ids))
                 if finish:
                     return
         raise TGIError("incomplete_generation_stream", "Incomplete generation stream")
+
+    async def top_tokens(self, plan: Plan, ids: list[int]) -> list[dict[str, Any]]:
+        """The ``top_n`` most likely tokens where the last of ``ids`` was chosen (a forward pass, off the loop)."""
+        if not plan.top_n:
+            return []
+        rows = await asyncio.to_thread(self.engine.alternatives, plan.prompt, ids, plan.top_n)
+        special = self.engine._stop_ids
+        return [
+            {"id": i, "text": self.engine.decode_alone(i), "logprob": lp, "special": i in special}
+            for i, lp in rows[-1][1]
+        ]
 
     def succeed(self, last: Step) -> dict[str, str]:
         """Success metrics, and /generate's timing headers."""
@@ -387,6 +774,8 @@ class FakeTGI:
         if req.details or req.decoder_input_details:
             details = {"finish_reason": last.finish, "generated_tokens": last.index, "seed": last.plan.seed}
             out["details"] = details | {"prefill": [], "tokens": [s.token for s in steps]}
+            if last.plan.top_n:
+                out["details"]["top_tokens"] = [s.top for s in steps]
         return headers, n_in, out
 
     async def stream_internal(
@@ -404,8 +793,10 @@ class FakeTGI:
                     if s is None:
                         yield None
                         continue
-                    event: dict[str, Any] = {"index": s.index, "token": s.token, "generated_text": None}
-                    event["details"] = None
+                    event: dict[str, Any] = {"index": s.index, "token": s.token}
+                    if s.top:
+                        event["top_tokens"] = s.top
+                    event |= {"generated_text": None, "details": None}
                     if s.finish:
                         self.succeed(s)
                         event["generated_text"] = (req.inputs if req.return_full_text else "") + s.text
@@ -445,6 +836,7 @@ class FakeTGI:
             req = GenRequest.parse(body, compat=path == "/")
         except BadBody as exc:
             return rejected(exc)
+        self.received.append((path, body))
         if path == "/" and req.return_full_text is None:
             req.return_full_text = True  # the model's pipeline tag is text-generation
         fault = self.take_fault()
@@ -460,38 +852,100 @@ class FakeTGI:
         try:
             body = check(await read_json(request), CHAT_SPEC, required=("messages",))
             opts = check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
+            tools = parse_tools(body.get("tools"))
+            choice = parse_tool_choice(body.get("tool_choice"))
+            fmt = parse_grammar(body.get("response_format"), "response_format")
         except BadBody as exc:
             return rejected(exc)
+        self.received.append(("/v1/chat/completions", body))
         self.count("tgi_request_count")
         model = self.model_id if body.get("model") in (None, "tgi") else body["model"]
+        call_id, logprobs = next_tool_call_id(body["messages"]), bool(body.get("logprobs"))
         try:
-            prompt = self.engine.render_chat([flatten(m) for m in body["messages"]])
-        except Exception as exc:
-            return json_response(self.fail(TGIError("template_error", f"Template error: {exc}")).body(), 422)
-        presence, max_tokens = body.get("presence_penalty"), body.get("max_tokens", body.get("max_completion_tokens"))
-        req = oai_request(body, prompt, max_tokens, None if presence is None else presence + 2.0)
-        req.top_n_tokens, fault = body.get("top_logprobs"), self.take_fault()
+            req, using_tools = self.chat_request(body, tools, choice, fmt)
+        except TGIError as exc:
+            return json_response((self.fail(exc) if exc.kind == "template_error" else exc).body(), 422)
+        fault = self.take_fault()
         head = {"id": "", "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
-
-        def render(_: int, ev: dict[str, Any]) -> list[dict[str, Any]]:
-            tok, d, kind = ev["token"], ev["details"], {"object": "chat.completion.chunk"}
-            delta = {"role": "assistant", "content": "" if tok["special"] else tok["text"]}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d and openai_finish(d)}
-            chunks = [kind | head | {"choices": [choice], "usage": None}]
-            if d and opts.get("include_usage"):
-                chunks.append(kind | head | {"choices": [], "usage": usage(d["input_length"], d)})
-            return chunks
-
         if body.get("stream"):
-            return SSEResponse(self.openai_sse([req], fault, render), self.stream_headers(req))
+            state = ChatState(using_tools, bool(opts.get("include_usage")), head, logprobs, call_id)
+            return SSEResponse(self.chat_sse(body, req, state, fault), self.stream_headers(req))
         try:
             headers, n_in, out = await self.generate_internal(req, fault)
+            calls = None
+            if using_tools:
+                called = parse_call(out["generated_text"])
+                if called is None:
+                    why = f"Failed to parse generated text: {json.dumps(out['generated_text'])}"
+                    raise TGIError("tool_error", why)
+                if called[0] == "no_tool":  # generated again without tools, as TGI does
+                    headers, n_in, out = await self.generate_internal(
+                        self.chat_request(body, None, "none", None)[0], None
+                    )
+                else:
+                    function = {"description": None, "name": called[0], "arguments": dumps(called[1])}
+                    calls = [{"id": "0", "type": "function", "function": function}]
         except TGIError as exc:
             return json_response(exc.body(), STATUS.get(exc.kind, 500))
-        message = {"role": "assistant", "content": out["generated_text"]}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": openai_finish(out["details"])}
-        answer = {"object": "chat.completion"} | head | {"choices": [choice], "usage": usage(n_in, out["details"])}
+        d = out["details"]
+        message = {"role": "assistant"} | ({"tool_calls": calls} if calls else {"content": out["generated_text"]})
+        lp = chat_logprobs(d["tokens"], d.get("top_tokens", [])) if logprobs else None
+        choice_out = {"index": 0, "message": message, "logprobs": lp, "finish_reason": openai_finish(d)}
+        answer = {"object": "chat.completion"} | head | {"choices": [choice_out], "usage": usage(n_in, d)}
         return json_response(answer, headers=headers)
+
+    def chat_request(
+        self,
+        body: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        choice: str | tuple[str, str],
+        fmt: dict[str, Any] | None,
+    ) -> tuple[GenRequest, bool]:
+        """ChatRequest::try_into_generate: the generate request and whether it is using tools."""
+        if fmt is not None and tools is not None:
+            raise TGIError("tool_error", "Grammar and tools are mutually exclusive")
+        grammar, shown = fmt, None
+        if fmt is None and tools is not None:
+            applied = tool_grammar(tools, choice)
+            if applied is not None:
+                shown, schema = applied
+                grammar = {"type": "json", "value": schema}
+        messages = [flatten(m) for m in body["messages"]]
+        if shown is not None and messages:  # TGI's default tool template: the tools go after the last message
+            prompt = body.get("tool_prompt") or DEFAULT_TOOL_PROMPT
+            messages[-1]["content"] += f"\n---\n{dumps([tool_json(t) for t in shown])}\n{prompt}"
+        try:
+            prompt_text = self.engine.render_chat(messages)
+        except Exception as exc:
+            raise TGIError("template_error", f"Template error: {exc}") from None
+        presence, max_tokens = body.get("presence_penalty"), body.get("max_tokens", body.get("max_completion_tokens"))
+        req = oai_request(body, prompt_text, max_tokens, None if presence is None else presence + 2.0)
+        req.top_n_tokens, req.grammar = body.get("top_logprobs"), grammar
+        return req, shown is not None
+
+    async def chat_sse(
+        self, body: dict[str, Any], req: GenRequest, state: ChatState, fault: str | None
+    ) -> AsyncGenerator[bytes]:
+        """The chat stream: ChatState's chunks; on ``no_tool`` the request starts again without tools."""
+        while True:
+            again = None
+            async with aclosing(self.stream_internal(req, fault)) as events:
+                async for ev in events:
+                    if ev is None:
+                        yield b":\n\n"
+                    elif isinstance(ev, TGIError):
+                        yield sse({"error": {"message": ev.message, "http_status_code": 422}})
+                    elif (chunks := state.push(ev)) is None:
+                        again = self.chat_request(body, None, "none", None)[0]
+                        break
+                    else:
+                        for chunk in chunks:
+                            yield sse(chunk)
+            if again is None:
+                break
+            req, fault = again, None
+            state = ChatState(False, state.include_usage, state.head, state.logprobs, state.call_id)
+        yield b"data:[DONE]\n\n"
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -502,6 +956,7 @@ class FakeTGI:
                 raise BadBody(f"{DESERIALIZE}prompt: {'Empty array detected' if not prompts else why}")
         except BadBody as exc:
             return rejected(exc)
+        self.received.append(("/v1/completions", body))
         self.count("tgi_request_count")
         if body.get("suffix") is not None:
             msg = "Suffix is not supported and can be achieved by preprocessing the prompt."
@@ -583,13 +1038,25 @@ class SSEResponse(StreamingResponse):
                 await self.gen.aclose()
 
 
+def tool_json(tool: dict[str, Any]) -> dict[str, Any]:
+    """A Tool as serde writes it: FunctionDefinition's ``arguments`` serialized as a JSON string."""
+    fn = tool["function"]
+    return {"type": tool["type"], "function": fn | {"arguments": dumps(fn["arguments"])}}
+
+
 def flatten(message: Any) -> dict[str, Any]:
-    """TextMessage::from(Message): text chunks joined, images as markdown links."""
-    content = message.get("content", "")
+    """TextMessage::from(Message): text chunks joined, images as markdown links, tool calls as JSON."""
+    content = message.get("content")
+    if content is None and message.get("tool_calls") is not None:
+        calls = [
+            c | {"function": c["function"] | {"arguments": dumps(c["function"].get("arguments"))}}
+            for c in message["tool_calls"]
+        ]
+        content = dumps(calls)
     if isinstance(content, list):
         parts = (c.get("text", "") if c.get("type") == "text" else f"![]({c['image_url']['url']})" for c in content)
         content = "".join(parts)
-    return {"role": message["role"], "content": content}
+    return {"role": message["role"], "content": content or ""}
 
 
 def openai_finish(details: dict[str, Any]) -> str:
@@ -608,8 +1075,12 @@ def create_app(
     model_id: str = "enginegate-demo",
     max_input_tokens: int = 1024,
     max_total_tokens: int = 2048,
+    received: list[tuple[str, Any]] | None = None,
+    auto_tool_call: bool = False,
 ) -> ASGIApp:
-    tgi = FakeTGI(engine, control, model_id, max_input_tokens, max_total_tokens)
+    """The fake's app; ``received`` collects (path, body) of every generation request it parsed."""
+    received = [] if received is None else received
+    tgi = FakeTGI(engine, control, model_id, max_input_tokens, max_total_tokens, received, auto_tool_call)
     posts = {"/": tgi.native, "/generate": tgi.native, "/generate_stream": tgi.native}
     posts |= {"/v1/chat/completions": tgi.chat, "/v1/completions": tgi.completions}
     gets = {"/": tgi.health, "/health": tgi.health, "/ping": tgi.health, "/info": tgi.info}

@@ -48,6 +48,16 @@ of control.py. control.delay_s is spent pending before the first token, and so i
 healthy False fails live and ready; loading True fails ready and model ready and answers generate with 404
 "... has no available versions".
 
+Capability inputs (the ensemble's config.pbtxt inputs in the reference; tensorrtllm_backend docs/guided_decoding.md):
+every body POSTed to generate is appended to ``received`` (create_app's) as parsed JSON. ``output_log_probs`` hold
+the demo model's own log probability of each token a response carries (``Token.logprob``), ``cum_log_probs`` their
+running sum over the sequence. ``guided_decoding_guide_type`` json/json_schema/regex/ebnf_grammar (the last three
+need ``guided_decoding_guide``) are accepted when the tensorrt_llm model has a ``guided_decoding_backend``
+(create_app's, default "xgrammar"), else the executor refuses the request; the TinyEngine cannot constrain, so a
+test scripts the answer (``TinyEngine.scripted``). ``presence_penalty``, ``frequency_penalty``, ``seed``,
+``num_return_sequences``, ``embedding_bias_*`` are typed inputs, recorded but not applied (no such sampling in the
+TinyEngine). Guessed: the executor's wording for a missing guided decoding backend or guide.
+
 Not modelled: a SentencePiece decoder also drops the leading space of the first token of every decode call, so
 a real whole answer asked with exclude_input_in_output starts without it (" ugly." reads "ugly.").
 Guessed: the exact texts of JSON parse errors, tensor type/shape errors and the executor's prompt-length error;
@@ -136,6 +146,8 @@ class _Job:
     end_id: int | None
     log_probs: bool = False
     fault: str | None = None
+    cum_log_prob: float = 0.0
+    guide_error: str = ""
 
 
 @dataclass
@@ -162,8 +174,17 @@ def _num(value: float) -> str:
 
 
 class _Server:
-    def __init__(self, engine: TinyEngine, control: FakeControl, model_name: str, accumulate_tokens: bool) -> None:
-        self.engine, self.control, self.name = engine, control, model_name
+    def __init__(
+        self,
+        engine: TinyEngine,
+        control: FakeControl,
+        model_name: str,
+        accumulate_tokens: bool,
+        received: list[dict[str, Any]],
+        guided_decoding_backend: str | None,
+    ) -> None:
+        self.engine, self.control, self.name, self.received = engine, control, model_name, received
+        self.guided_decoding_backend = guided_decoding_backend
         self.accumulate_tokens = accumulate_tokens
         self.executor_ids = self.pending = 0
         self.live: dict[int, _Live] = {}
@@ -199,6 +220,7 @@ class _Server:
             raise TritonError(400, f"failed to parse the request JSON buffer: {exc.msg} at {exc.pos}") from None
         if not isinstance(data, dict):
             raise TritonError(400, "failed to parse the request JSON buffer: expected a JSON object")
+        self.received.append(dict(data))
         rid = data.get("id", "")
         if not isinstance(rid, str):
             raise TritonError(400, "Unable to parse 'id'")
@@ -237,10 +259,19 @@ class _Server:
         greedy = (top_k <= 1 and top_p <= 0) or top_k == 1 or temperature == 0
         stops = [s for s in inputs.get("stop_words", []) if s]
         max_tokens = min(inputs["max_tokens"], seq - n)
-        return _Job(
+        job = _Job(
             rid, prompt, n, max_tokens, greedy, temperature, top_p or 1.0, stops, inputs.get("end_id"),
             bool(inputs.get("return_log_probs", False)),
         )  # fmt: skip
+        guide = inputs.get("guided_decoding_guide_type")
+        if guide is not None:
+            if guide not in ("json", "json_schema", "regex", "ebnf_grammar"):
+                job.guide_error = f"Unknown guided decoding guide type: {guide}"
+            elif guide != "json" and not inputs.get("guided_decoding_guide"):
+                job.guide_error = f"guided_decoding_guide is required for guide type {guide}"
+            elif self.guided_decoding_backend is None:
+                job.guide_error = "Guided decoding is not enabled: guided_decoding_backend is not set"
+        return job
 
     def _executor_error(self, message: str) -> TritonError:
         self.executor_ids += 1
@@ -266,6 +297,9 @@ class _Server:
         if job.fault == "internal":
             self._fail("BACKEND")
             raise self._executor_error("Encountered an error in forwardAsync function: injected fault")
+        if job.guide_error:
+            self._fail("BACKEND")
+            raise self._executor_error(f"Encountered an error when fetching new request: {job.guide_error}")
         rec, key, outcome, admitted = _Live(job.prompt_tokens), id(job), "CANCELED", False
         self.pending += 1
         try:
@@ -312,13 +346,14 @@ class _Server:
             else:
                 self._fail(outcome)
 
-    def _response(self, job: _Job, model: str, text: str, tokens: int) -> dict[str, Any]:
+    def _response(self, job: _Job, model: str, text: str, tokens: list[Token]) -> dict[str, Any]:
         """Triton writes the outputs in name order; a request "id" comes back as "id". With
-        ``return_log_probs`` the response carries one log-prob per token it decodes (0.0 here)."""
-        probs = {"cum_log_probs": 0.0} if job.log_probs else {}
+        ``return_log_probs`` the response carries the log-prob of each token it decodes, and the sum so far."""
+        job.cum_log_prob += sum(t.logprob for t in tokens)
+        probs = {"cum_log_probs": job.cum_log_prob} if job.log_probs else {}
         fields: dict[str, Any] = {"model_name": model, "model_version": "1"}
         if job.log_probs:
-            fields["output_log_probs"] = [0.0] * tokens
+            fields["output_log_probs"] = [t.logprob for t in tokens]
         fields |= {"sequence_end": False, "sequence_id": 0, "sequence_start": False, "text_output": text}
         return ({"id": job.rid} if job.rid else {}) | probs | fields
 
@@ -355,7 +390,7 @@ class _Server:
 
     def _whole(self, job: _Job, model: str, prefix: str, tokens: list[Token]) -> dict[str, Any]:
         """One response for the whole answer: postprocessing decodes all its tokens together."""
-        return self._response(job, model, prefix + self.engine.decode([t.id for t in tokens]), len(tokens))
+        return self._response(job, model, prefix + self.engine.decode([t.id for t in tokens]), tokens)
 
     async def _collect(self, job: _Job) -> list[Token]:
         async with contextlib.aclosing(self._run(job)) as tokens:
@@ -370,7 +405,7 @@ class _Server:
                 async with contextlib.aclosing(self._run(job)) as tokens:
                     async for tok in tokens:
                         seen.append(tok)
-                        yield _json(self._response(job, model, self._texts(job, model, seen), 1))
+                        yield _json(self._response(job, model, self._texts(job, model, seen), [tok]))
             else:
                 yield _json(self._whole(job, model, prefix, await self._collect(job)))
 
@@ -458,11 +493,20 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    engine: TinyEngine, control: FakeControl, *, model_name: str = "ensemble", accumulate_tokens: bool = True
+    engine: TinyEngine,
+    control: FakeControl,
+    *,
+    model_name: str = "ensemble",
+    accumulate_tokens: bool = True,
+    received: list[dict[str, Any]] | None = None,
+    guided_decoding_backend: str | None = "xgrammar",
 ) -> ASGIApp:
     """The fake, serving the ensemble (``model_name``) and ``tensorrt_llm_bls`` (``accumulate_tokens``: its
-    config parameter), behind the generic faults of ``control``."""
-    server = _Server(engine, control, model_name, accumulate_tokens)
+    config parameter), behind the generic faults of ``control``; each generate body is appended to
+    ``received``; ``guided_decoding_backend`` is the tensorrt_llm model's parameter (None: unset)."""
+    server = _Server(
+        engine, control, model_name, accumulate_tokens, [] if received is None else received, guided_decoding_backend
+    )
     routes = [Route("/v2/health/live", server.live_route), Route("/v2/health/ready", server.ready_route)]
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes.append(Route(f"{base}/ready", server.model_ready, methods=["GET"]))

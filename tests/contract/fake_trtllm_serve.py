@@ -36,7 +36,42 @@ its port once loaded), fails /health; generation is unaffected.
 Guessed: the version string; the texts of injected engine errors (real C++ ones also end with file:line);
 that the prompt-length errors come before the stream starts (with the executor in another process they may
 surface inside it); iteration-stat fields beyond the reference example; KV geometry (32-token blocks, room
-for 64 full sequences). Not supported here: prompt_token_ids, token-id prompts, n > 1, min_tokens, logprobs.
+for 64 full sequences). Not supported here: prompt_token_ids, token-id prompts, min_tokens.
+
+Capability fields (read from openai_protocol.py, postprocess_handlers.py, openai_server.py and
+tool_parser/qwen3_tool_parser.py of TensorRT-LLM main, 2026; not copied). Every body POSTed to the generate
+routes is appended to ``received`` (create_app's), as parsed JSON, for tests to assert on. Reproduced:
+- ``tools`` ({type: "function", function: {name, description, parameters, strict}}, strict models),
+  ``tool_choice`` "none"/"auto"/"required"/named (default "auto" when tools are given; anything but
+  "none"/"auto" without tools is "When using `tool_choice`, `tools` must be set."), ``parallel_tool_calls``
+  accepted and not enforced. The prompt is rendered with the tools. With a tool parser (create_app's
+  ``tool_parser``, the ``--tool_parser`` flag; "qwen3" here: Hermes-style ``<tool_call>\n{json}\n</tool_call>``)
+  and tools in the request, calls are parsed out of the text: non-streaming ``message.tool_calls`` [{id
+  "chatcmpl-tool-<hex>", type, function {name, arguments (JSON string)}}] with ``content`` the text before
+  the first call; streaming ``delta.tool_calls`` pieces, the first with id, type, index and name
+  (arguments ""), the next with the arguments; finish_reason "tool_calls" where the model stopped after a
+  call. ``tool_choice: "none"`` still strips the markup but reports no call. Without a parser (None) the
+  markup stays in the content. A named tool_choice labels the whole text as that function's arguments
+  (no id in stream pieces, the name repeated on each): nothing forces the model (not constrained).
+- ``response_format`` types text/json/json_schema/json_object/regex/ebnf/structural_tag; json_schema needs
+  ``json_schema`` (its ``schema`` member is used), json needs ``schema``. Without a guided decoding backend
+  (create_app's ``guided_decoding_backend`` None) any constraint is 400 "Guided decoding is not enabled for
+  this server" (guessed wording, as reported by users). The TinyEngine cannot constrain: tests script the
+  answer (``TinyEngine.scripted``).
+- ``logprobs``/``top_logprobs`` (chat; PyTorch backend): ``choice.logprobs = {"content": [{token, logprob,
+  bytes, top_logprobs}]}`` per chunk (the chunk's tokens), token texts decoded one token alone (a
+  SentencePiece tokenizer loses the word-leading space), top_logprobs only when asked: the top k plus the
+  sampled token when it is not among them, best first. top_logprobs (even 0) without logprobs is 400.
+  Completions: integer ``logprobs`` k (0 means none: the server reads it as a truth value) gives
+  ``{text_offset, token_logprobs, tokens, top_logprobs: [{token: logprob}]}``. Values are the demo
+  model's own (``TinyEngine.alternatives``).
+- ``n``: n sequences of one request, choices by ``index`` (streamed interleaved, one choice per chunk), usage
+  summed; ``logit_bias`` keys must be token ids in [0, vocab) and values finite in [-100, 100] (else 400 with
+  trtllm-serve's messages), recorded but not applied (the TinyEngine has no logit processor); ``seed`` and
+  penalties are recorded only (the TinyEngine's sampler cannot be seeded or penalised).
+Guessed: the exact chunking of streamed tool-call arguments (the real parser sends the name as soon as it is
+parsed, then argument fragments as the partial JSON grows; here name, then the arguments whole, both when the
+call's closing tag arrives); the logprobs limit (not checked).
 """
 
 from __future__ import annotations
@@ -45,11 +80,12 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -86,11 +122,33 @@ class StreamOptions(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json", "json_object", "regex", "ebnf", "structural_tag"]
+    type: Literal["text", "json", "json_schema", "json_object", "regex", "ebnf", "structural_tag"]
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    json_schema: dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
     format: dict[str, Any] | None = None
+
+
+class FunctionDefinition(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    function: NamedFunction
+    type: Literal["function"] = "function"
 
 
 class Message(BaseModel):
@@ -118,8 +176,9 @@ _SAMPLING: dict[str, Any] = {  # OpenAI fields, then trtllm_serve_chat_extra_sam
 _CHAT: dict[str, Any] = {
     "messages": (list[Message], ...), "prompt_token_ids": (list[int] | None, None), "logprobs": (bool | None, False),
     "top_logprobs": (int | None, 0), "max_completion_tokens": (int | None, Field(None, validation_alias="max_tokens")),
-    "tools": (list[dict[str, Any]] | None, None),
-    "tool_choice": (Literal["none", "auto"] | dict[str, Any] | None, "none"),
+    "tools": (list[Tool] | None, None),
+    "tool_choice": (Literal["none", "auto", "required"] | NamedToolChoice | None, "none"),
+    "parallel_tool_calls": (bool | None, None),
     "reasoning_effort": (Literal["low", "medium", "high"] | None, "low"), "echo": (bool, False),
     "add_generation_prompt": (bool, True), "add_special_tokens": (bool, False),
     "documents": (list[dict[str, str]] | None, None), "chat_template": (str | None, None),
@@ -135,7 +194,8 @@ _CHAT_CHECKS = [
      "stream_options can only be set if stream is true"),
     (lambda d: d.get("tool_choice", "none") != "none" and not d.get("tools"),
      "When using `tool_choice`, `tools` must be set."),
-    (lambda d: bool(d.get("top_logprobs")) and not d.get("logprobs"), "logprobs must be true when using top_logprobs"),
+    (lambda d: d.get("top_logprobs") is not None and not d.get("logprobs"),
+     "logprobs must be true when using top_logprobs"),
 ]
 _COMPLETION_CHECKS = [
     (lambda d: bool(d.get("stream_options")) and not d.get("stream"),
@@ -147,6 +207,8 @@ _COMPLETION_CHECKS = [
 
 def _request_model(name: str, fields: dict[str, Any], checks: list[Any]) -> type[BaseModel]:
     def checked(cls: type[BaseModel], data: Any) -> Any:
+        if isinstance(data, dict) and "messages" in fields and "tool_choice" not in data and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}  # check_tool_choice: tools given, no choice: "auto"
         for failed, message in checks if isinstance(data, dict) else []:
             if failed(data):
                 raise ValueError(message)
@@ -178,6 +240,8 @@ class _Job:
     stop_ids: set[int]
     include_stop: bool
     fail_after: int | None = None
+    index: int = 0
+    """The choice this sequence answers (``n``)."""
 
 
 @dataclass
@@ -187,6 +251,9 @@ class _Step:
     text: str = ""
     finish: str | None = None
     reason: str | int | None = None
+    ids: list[int] = field(default_factory=list)
+    """The token generated at this step (none on a final step that only ends the sequence)."""
+    logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -256,9 +323,212 @@ class EventStream(StreamingResponse):
                 await aclose()
 
 
+TOOL_START, TOOL_END = "<tool_call>\n", "\n</tool_call>"
+
+
+def _call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def _parsed_call(block: str, names: set[str]) -> tuple[str, str] | None:
+    """A call block's (name, arguments as a JSON string); None where the parser skips it (not JSON, no
+    such tool)."""
+    try:
+        call = json.loads(block.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or call.get("name") not in names:
+        return None
+    return str(call["name"]), json.dumps(call.get("arguments", call.get("parameters", {})), ensure_ascii=False)
+
+
+def parse_calls(text: str, names: set[str]) -> tuple[str, list[dict[str, Any]]]:
+    """The qwen3 parser on a whole answer: the text before the first call, and the calls."""
+    start = text.find(TOOL_START)
+    if start < 0:
+        return text, []
+    calls = []
+    for block in re.findall(re.escape(TOOL_START) + "(.*?)" + re.escape(TOOL_END), text, re.DOTALL):
+        if (parsed := _parsed_call(block, names)) is not None:
+            calls.append(
+                {"id": _call_id(), "type": "function", "function": {"name": parsed[0], "arguments": parsed[1]}}
+            )
+    return text[:start].strip(), calls
+
+
+def _partial(text: str, token: str) -> int:
+    """How many last characters of ``text`` begin ``token`` (the part that may still become it)."""
+    for k in range(min(len(token) - 1, len(text)), 0, -1):
+        if text.endswith(token[:k]):
+            return k
+    return 0
+
+
+class ToolStream:
+    """The qwen3 parser on a stream: text before a call streams as content, held while it may begin a
+    call's tag; a call's pieces come when its closing tag arrives; whitespace after a call is the
+    separator, never content."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names, self.buf, self.calls = names, "", 0
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        self.buf += text
+        content, pieces = "", []
+        while (start := self.buf.find(TOOL_START)) >= 0:
+            end = self.buf.find(TOOL_END, start + len(TOOL_START))
+            if end < 0:
+                break
+            content += self.buf[:start]
+            parsed = _parsed_call(self.buf[start + len(TOOL_START) : end], self.names)
+            self.buf = self.buf[end + len(TOOL_END) :]
+            if parsed is not None:
+                head = {"id": _call_id(), "type": "function", "index": self.calls}
+                pieces.append(head | {"function": {"name": parsed[0], "arguments": ""}})
+                pieces.append({"type": "function", "index": self.calls, "function": {"arguments": parsed[1]}})
+                self.calls += 1
+        start = self.buf.find(TOOL_START)
+        if start < 0 and not final:
+            start = len(self.buf) - _partial(self.buf, TOOL_START)
+        if start < 0 or final:
+            content, self.buf = content + self.buf, ""
+        else:
+            content, self.buf = content + self.buf[:start], self.buf[start:]
+        return ("" if self.calls and not content.strip() else content), pieces
+
+
+class _Output:
+    """One choice's answer as the server post-processes it: tool calls parsed out, logprobs attached."""
+
+    def __init__(self, server: _Server, req: Any, chat: bool, job: _Job) -> None:
+        self.server, self.job, self.chat, self.ids = server, job, chat, cast(list[int], [])
+        self.text_len, self.has_call, self.echo = 0, False, not chat and bool(req.echo)
+        tools = getattr(req, "tools", None) if chat else None
+        choice = getattr(req, "tool_choice", None)
+        self.named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        self.no_calls = choice == "none"
+        self.names = {t.function.name for t in tools or []}
+        self.parser = ToolStream(self.names) if tools and server.tool_parser and self.named is None else None
+        # The top k come from the sampler's logprobs=k (chat asks 1 unless top_logprobs): k = 0 is none.
+        self.k = (req.top_logprobs or 1 if req.logprobs else 0) if chat else (req.logprobs or 0)
+        self.show_top = bool(req.top_logprobs) if chat else True
+
+    async def _scores(self, ids: list[int]) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        """For each of ``ids`` (the newest of ``self.ids``): id, logprob, the top k and the sampled one."""
+        if not ids:
+            return []
+        alts = await asyncio.to_thread(self.server.engine.alternatives, self.job.prompt, self.ids, self.k)
+        out = []
+        for token, (lp, top) in zip(ids, alts[len(alts) - len(ids) :], strict=True):
+            if all(t != token for t, _ in top):
+                top = sorted([*top, (token, lp)], key=lambda a: -a[1])
+            out.append((token, lp, top))
+        return out
+
+    async def logprobs(self, ids: list[int]) -> dict[str, Any]:
+        decode = self.server.engine.decode_alone
+        scores = await self._scores(ids)
+        if self.chat:
+            content = []
+            for token, lp, top in scores:
+                text = decode(token)
+                entry: dict[str, Any] = {"token": text, "logprob": max(lp, -9999.0), "bytes": list(text.encode())}
+                if self.show_top:
+                    entry["top_logprobs"] = [
+                        {"token": (t := decode(i)), "logprob": max(v, -9999.0), "bytes": list(t.encode())}
+                        for i, v in top
+                    ]
+                content.append(entry)
+            return {"content": content}
+        offsets, tokens = [], []
+        for token, _, _ in scores:
+            offsets.append(self.text_len)
+            tokens.append(decode(token))
+            self.text_len += len(tokens[-1])
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [max(lp, -9999.0) for _, lp, _ in scores],
+            "tokens": tokens,
+            "top_logprobs": [{decode(i): max(v, -9999.0) for i, v in top} for _, _, top in scores],
+        }
+
+    def _finish(self, finish: str | None) -> str | None:
+        return "tool_calls" if finish == "stop" and self.has_call else finish
+
+    async def piece(self, step: _Step) -> dict[str, Any] | None:
+        """The stream choice for one step, None where the server sends nothing for it."""
+        self.ids += step.ids
+        job = self.job
+        if not self.chat:
+            text, self.echo = (job.prompt if self.echo else "") + step.delta, False
+            # fmt: off
+            choice: dict[str, Any] = {"index": job.index, "text": text, "token_ids": None, "logprobs": None,
+                                      "finish_reason": step.finish, "stop_reason": step.reason,
+                                      "avg_decoded_tokens_per_iter": None}
+            # fmt: on
+            if self.k:
+                choice["logprobs"] = await self.logprobs(step.ids)
+            return choice
+        delta: dict[str, Any]
+        if self.named is not None:
+            call = {"type": "function", "index": job.index, "function": {"name": self.named, "arguments": step.delta}}
+            delta = {"tool_calls": [call]}
+        else:
+            text, pieces = step.delta, cast(list[dict[str, Any]], [])
+            if self.parser is not None:
+                text, pieces = self.parser.feed(text, final=step.finish is not None)
+                pieces = [] if self.no_calls else pieces
+                self.has_call = self.has_call or bool(pieces)
+            if not (pieces or text or step.finish or step.ids):
+                return None
+            delta = {"content": text, "reasoning_content": ""} | ({"tool_calls": pieces} if pieces else {})
+        choice = {"index": job.index, "delta": delta}
+        if self.k:
+            choice["logprobs"] = await self.logprobs(step.ids)
+        ends = (("finish_reason", self._finish(step.finish)), ("stop_reason", step.reason))
+        return choice | {k: v for k, v in ends if v is not None}
+
+    async def whole(self, last: _Step) -> dict[str, Any]:
+        """The non-streaming choice from the sequence's last step (its text is the whole output)."""
+        job, text = self.job, last.text
+        logprobs = await self.logprobs(self.ids) if self.k else None
+        tail = {"finish_reason": None, "stop_reason": last.reason, "disaggregated_params": None}
+        tail |= {"avg_decoded_tokens_per_iter": None}
+        if not self.chat:
+            text = (job.prompt if self.echo else "") + text
+            choice = {"index": job.index, "text": text, "token_ids": None, "logprobs": logprobs, "context_logits": None}
+            return choice | tail | {"finish_reason": last.finish}
+        calls: list[dict[str, Any]] = []
+        if self.named is not None:
+            calls = [{"id": _call_id(), "type": "function", "function": {"name": self.named, "arguments": text}}]
+            text = ""
+        elif self.parser is not None:
+            text, calls = parse_calls(text, self.names)
+            calls = [] if self.no_calls else calls
+            self.has_call = bool(calls)
+        message = {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": "",
+            "reasoning": None,
+            "tool_calls": calls,
+        }
+        choice = {"index": job.index, "message": message, "logprobs": logprobs}
+        return choice | tail | {"finish_reason": self._finish(last.finish), "mm_embedding_handle": None}
+
+
 class _Server:
-    def __init__(self, engine: TinyEngine, control: FakeControl, model: str) -> None:
-        self.engine, self.control, self.model = engine, control, model
+    def __init__(
+        self,
+        engine: TinyEngine,
+        control: FakeControl,
+        model: str,
+        received: list[dict[str, Any]],
+        tool_parser: str | None,
+        guided_decoding_backend: str | None,
+    ) -> None:
+        self.engine, self.control, self.model, self.received = engine, control, model, received
+        self.tool_parser, self.guided_decoding_backend = tool_parser, guided_decoding_backend
         self.next_id = self.waiting = self.errors = self.prompt_total = self.generation_total = self.iterations = 0
         self.live: dict[int, _Live] = {}
         self.success: dict[str, int] = {}
@@ -312,7 +582,7 @@ class _Server:
                     last = now
                     if job.fail_after is not None and rec.generated > job.fail_after:
                         raise EngineFailure("Executor worker returned error: generation failed (injected fault)")
-                    step = _Step("", rec.generated)
+                    step = _Step("", rec.generated, ids=[tok.id], logprobs=[tok.logprob])
                     if tok.id in job.stop_ids:
                         step.finish, step.reason = "stop", tok.id
                         text += tok.text if job.include_stop else ""
@@ -373,8 +643,11 @@ class _Server:
             )
         if max_tokens is not None and max_tokens <= 0:
             raise EngineFailure(f"`max_tokens` ({max_tokens}) must be greater than 0")
-        if req.n != 1 or getattr(req, "prompt_token_ids", None) is not None:
-            raise EngineFailure("this fake serves n=1 text prompts only")
+        if req.n < 1:
+            raise EngineFailure(f"n must be at least 1, got {req.n}.")
+        if getattr(req, "prompt_token_ids", None) is not None:
+            raise EngineFailure("this fake serves text prompts only")
+        self._check_sampling(req)
         temperature, self.next_id = 1.0 if req.temperature is None else req.temperature, self.next_id + 1
         return _Job(
             self.next_id, prompt, n, room if max_tokens is None else min(max_tokens, room),
@@ -384,6 +657,31 @@ class _Server:
             stop_ids=set(req.stop_token_ids or []), include_stop=req.include_stop_str_in_output,
         )  # fmt: skip
 
+    def _check_sampling(self, req: Any) -> None:
+        """What ``to_sampling_params`` refuses (a ValueError there: the handler's 400)."""
+        fmt = req.response_format
+        if fmt is not None and fmt.type != "text":
+            needs = {"json": "schema_", "json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf"}.get(fmt.type)
+            if needs is not None and getattr(fmt, needs) is None:
+                name = needs.rstrip("_")
+                raise EngineFailure(
+                    f"response_format.{name} is required for response_format.type == {fmt.type!r}, but got None."
+                )
+            if self.guided_decoding_backend is None:
+                raise EngineFailure("Guided decoding is not enabled for this server")
+        vocab = self.engine.vocab_size
+        for key, bias in (req.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise EngineFailure(f"Invalid logit_bias key '{key}': must be a valid integer token ID") from None
+            if not 0 <= token < vocab:
+                raise EngineFailure(f"Token ID {token} out of vocabulary range [0, {vocab})")
+            if not math.isfinite(bias):
+                raise EngineFailure(f"logit_bias value for token ID {token} must be finite")
+            if not -100.0 <= bias <= 100.0:
+                raise EngineFailure(f"logit_bias value for token ID {token} must be in [-100, 100]")
+
     async def _parse(self, request: Request, chat: bool) -> Any:
         raw = await request.body()
         if not raw:  # FastAPI's answer to a missing body
@@ -391,7 +689,9 @@ class _Server:
                 {"error": str([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])}, 400
             )
         try:
-            return (ChatCompletionRequest if chat else CompletionRequest).model_validate(json.loads(raw))
+            body = json.loads(raw)
+            self.received.append(body)
+            return (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
         except json.JSONDecodeError as exc:
             error = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error", "input": {}}
             errors: list[Any] = [error | {"ctx": {"error": exc.msg}}]
@@ -410,11 +710,12 @@ class _Server:
                 for m in messages:
                     if isinstance(m.get("content"), list):
                         m["content"] = "".join(part.get("text", "") for part in m["content"])
-                job = self._job(req, self.engine.render_chat(messages), req.max_completion_tokens)
+                tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+                job = self._job(req, self.engine.render_chat(messages, tools), req.max_completion_tokens)
             else:
                 prompt = req.prompt[0] if isinstance(req.prompt, list) and len(req.prompt) == 1 else req.prompt
                 if not isinstance(prompt, str):
-                    raise EngineFailure("this fake serves n=1 text prompts only")
+                    raise EngineFailure("this fake serves one text prompt only")
                 job = self._job(req, prompt, req.max_tokens)
         except EngineFailure as exc:
             return _error(str(exc))
@@ -425,66 +726,70 @@ class _Server:
         if fault == "internal":
             return _error("Executor worker returned error: internal failure", "InternalServerError", 500)
         job.fail_after = 3 if fault == "midstream" else None
+        jobs = [job] + [replace(job, index=i, rid=self._new_id()) for i in range(1, req.n)]
+        outputs = [_Output(self, req, chat, j) for j in jobs]
         if req.stream:
-            return EventStream(self._stream(req, job, chat), media_type="text/event-stream")
+            return EventStream(self._stream(req, outputs, chat), media_type="text/event-stream")
         try:
-            done = await unless_disconnected(request, self._collect(job))
+            done = await unless_disconnected(request, self._collect_all(outputs))
         except EngineFailure as exc:
             return _error(str(exc))
         if done is None:
             return Response()
-        text, last = done.text, done
-        if chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": ""}
-            message |= {"reasoning": None, "tool_calls": []}
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}
-        else:
-            text = (job.prompt if req.echo else "") + text
-            choice = {"index": 0, "text": text, "token_ids": None, "logprobs": None, "context_logits": None}
-        choice |= {"finish_reason": last.finish, "stop_reason": last.reason, "disaggregated_params": None}
-        choice |= {"avg_decoded_tokens_per_iter": None} | ({"mm_embedding_handle": None} if chat else {})
+        choices = [await out.whole(last) for out, last in zip(outputs, done, strict=True)]
         kind, prefix = ("chat.completion", "chatcmpl") if chat else ("text_completion", "cmpl")
         head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": req.model}
-        return JSONResponse(
-            head | {"choices": [choice], "usage": _usage(job.prompt_tokens, last.tokens), "prompt_token_ids": None}
-        )
+        usage = _usage(job.prompt_tokens, sum(last.tokens for last in done))
+        return JSONResponse(head | {"choices": choices, "usage": usage, "prompt_token_ids": None})
 
-    async def _collect(self, job: _Job) -> _Step:
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    async def _collect_all(self, outputs: list[_Output]) -> list[_Step]:
+        return [await self._collect(out) for out in outputs]
+
+    async def _collect(self, out: _Output) -> _Step:
         """The last step: its text is the whole output, stop strings cut even where the stream had sent them."""
         last = _Step("", 0)
-        async with contextlib.aclosing(self._run(job)) as steps:
+        async with contextlib.aclosing(self._run(out.job)) as steps:
             async for step in steps:
+                out.ids += step.ids
                 last = step
         return last
 
-    async def _stream(self, req: Any, job: _Job, chat: bool) -> AsyncGenerator[str, None]:
+    async def _stream(self, req: Any, outputs: list[_Output], chat: bool) -> AsyncGenerator[str, None]:
+        """The sequences' steps interleaved, one choice per chunk, as the engine's outputs arrive."""
         kind, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
+        job = outputs[0].job
         head = {"id": f"{prefix}-{job.rid}", "object": kind, "created": int(time.time()), "model": req.model}
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        every, echo, n = usage and bool(req.stream_options.continuous_usage_stats), not chat and req.echo, 0
+        every = usage and bool(req.stream_options.continuous_usage_stats)
         if chat:
-            first = head | {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}
-            yield _sse(first | ({"usage": _usage(job.prompt_tokens, 0)} if every else {}), end=" \n\n")
-        async with contextlib.aclosing(self._run(job)) as steps:
-            async for step in steps:
-                n = step.tokens
-                if chat:
-                    choice: dict[str, Any] = {"index": 0, "delta": {"content": step.delta, "reasoning_content": ""}}
-                    ends = (("finish_reason", step.finish), ("stop_reason", step.reason))
-                    choice |= {k: v for k, v in ends if v is not None}
-                else:
-                    text, echo = (job.prompt if echo else "") + step.delta, False
-                    # fmt: off
-                    choice = {"index": 0, "text": text, "token_ids": None, "logprobs": None,
-                              "finish_reason": step.finish, "stop_reason": step.reason,
-                              "avg_decoded_tokens_per_iter": None}
-                    # fmt: on
-                chunk = head | {"choices": [choice]}
-                if every or not chat:
-                    chunk["usage"] = _usage(job.prompt_tokens, n) if every else None
-                yield _sse(chunk)
+            for out in outputs:
+                first = head | {"choices": [{"index": out.job.index, "delta": {"role": "assistant"}}]}
+                yield _sse(first | ({"usage": _usage(job.prompt_tokens, 0)} if every else {}), end=" \n\n")
+        counts = [0] * len(outputs)
+        async with contextlib.AsyncExitStack() as stack:
+            runs = [await stack.enter_async_context(contextlib.aclosing(self._run(o.job))) for o in outputs]
+            alive = list(range(len(outputs)))
+            while alive:
+                for i in list(alive):
+                    step = await anext(runs[i], None)
+                    if step is None or step.finish:
+                        alive.remove(i)
+                    if step is None:
+                        continue
+                    counts[i] = step.tokens
+                    choice = await outputs[i].piece(step)
+                    if choice is None:
+                        continue
+                    chunk = head | {"choices": [choice]}
+                    if every or not chat:
+                        chunk["usage"] = _usage(job.prompt_tokens, step.tokens) if every else None
+                    yield _sse(chunk)
         if usage:
-            yield _sse(head | {"choices": [], "usage": _usage(job.prompt_tokens, n)})
+            yield _sse(head | {"choices": [], "usage": _usage(job.prompt_tokens, sum(counts))})
         yield "data: [DONE]\n\n"
 
     async def health(self, request: Request) -> Response:
@@ -540,8 +845,18 @@ async def _fastapi_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, exc.status_code)
 
 
-def create_app(engine: TinyEngine, control: FakeControl, *, model: str = "enginegate-demo") -> ASGIApp:
-    server = _Server(engine, control, model)
+def create_app(
+    engine: TinyEngine,
+    control: FakeControl,
+    *,
+    model: str = "enginegate-demo",
+    received: list[dict[str, Any]] | None = None,
+    tool_parser: str | None = "qwen3",
+    guided_decoding_backend: str | None = "xgrammar",
+) -> ASGIApp:
+    """The fake as launched with ``--tool_parser`` ``tool_parser`` and ``guided_decoding_backend`` in its
+    extra options (None: without); each generate body is appended to ``received``."""
+    server = _Server(engine, control, model, [] if received is None else received, tool_parser, guided_decoding_backend)
     routes = [
         Route("/health", server.health, methods=["GET"]),
         Route("/version", server.version, methods=["GET"]),

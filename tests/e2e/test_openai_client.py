@@ -133,7 +133,7 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 129}, "n"),
         ({"temperature": 5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 100000}, "max_tokens"),

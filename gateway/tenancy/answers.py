@@ -1,0 +1,101 @@
+"""OpenAI's answers for keys and limits: 401, 403, 429 (rate limits and quota) and the x-ratelimit headers.
+
+Messages name a key by its id only, never by its secret.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gateway.errors import ApiError
+from gateway.tenancy.limiter import Ask, Verdict
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key")
+
+
+MISSING = "You didn't provide an API key. Send it as `Authorization: Bearer <key>`."
+
+
+def invalid(key_id: str | None) -> ApiError:
+    shown = f" (key id {key_id})" if key_id else ""
+    return unauthorized(f"Incorrect API key provided{shown}.")
+
+
+def unusable(key_id: str, why: str) -> ApiError:
+    return unauthorized(f"The API key {key_id} is {why}.")
+
+
+def not_allowed(key_id: str, model: str) -> ApiError:
+    return ApiError(
+        403, f"The API key {key_id} may not use the model `{model}`.", param="model", code="model_not_allowed"
+    )
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: ``250ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(math.ceil(seconds), 60)
+    return f"{minutes}m{rest}s"
+
+
+def headers(ask: Ask, verdict: Verdict) -> list[tuple[str, str]]:
+    """OpenAI's x-ratelimit headers for the limits the key has (none for limits it has not)."""
+    out = []
+    if ask.rpm:
+        out += [
+            ("x-ratelimit-limit-requests", str(ask.rpm)),
+            ("x-ratelimit-remaining-requests", str(verdict.remaining_requests)),
+            ("x-ratelimit-reset-requests", duration(verdict.reset_requests_s)),
+        ]
+    if ask.tpm:
+        out += [
+            ("x-ratelimit-limit-tokens", str(ask.tpm)),
+            ("x-ratelimit-remaining-tokens", str(verdict.remaining_tokens)),
+            ("x-ratelimit-reset-tokens", duration(verdict.reset_tokens_s)),
+        ]
+    return out
+
+
+def refused(ask: Ask, verdict: Verdict, model: str) -> ApiError:
+    why = verdict.refused
+    retry = max(verdict.retry_after_s, 0.001)
+    wait = f"Please try again in {duration(retry)}."
+    if why == "quota":
+        return ApiError(
+            429,
+            f"The API key {ask.key} has spent its budget for {ask.period}.",
+            type="insufficient_quota",
+            code="insufficient_quota",
+        )
+    if why == "requests":
+        text = f"on requests per min (RPM): Limit {ask.rpm}, Requested 1. {wait}"
+        return _rate(ask, model, text, "requests", retry)
+    if why == "too_large":
+        text = f"on tokens per min (TPM): Limit {ask.tpm}, Requested {ask.tokens}. Lower max_tokens or the prompt."
+        return _rate(ask, model, text, "tokens", None)
+    if why == "tokens":
+        text = f"on tokens per min (TPM): Limit {ask.tpm}, Requested {ask.tokens}. {wait}"
+        return _rate(ask, model, text, "tokens", retry)
+    text = f"on concurrent requests: Limit {ask.concurrency}. {wait}"
+    return _rate(ask, model, text, "requests", retry)
+
+
+def _rate(ask: Ask, model: str, text: str, kind: str, retry: float | None) -> ApiError:
+    return ApiError(
+        429, f"Rate limit reached for {model} with key {ask.key} {text}", type=kind, code="rate_limit_exceeded",
+        retry_after=retry,
+    )  # fmt: skip
+
+
+LIMITER_DOWN = ApiError(
+    503,
+    "Rate limits cannot be checked right now; retry the request.",
+    type="api_error",
+    code="rate_limiter_unavailable",
+    retry_after=1.0,
+)

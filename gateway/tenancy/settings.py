@@ -1,0 +1,90 @@
+"""The ``auth:`` and ``redis:`` config sections (validated at the edge, like the rest of gateway/config.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+KeyId = Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]
+DEFAULT_CLASSES = {"high": 100, "default": 0, "low": -100}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class KeyLimits(_Strict):
+    """What one key may do; 0 or null: unlimited."""
+
+    name: str = ""
+    team: str = ""
+    models: list[str] = []
+    """Glob patterns of the models the key may use; empty: every model."""
+    rpm: int = Field(default=0, ge=0)
+    tpm: int = Field(default=0, ge=0)
+    concurrency: int = Field(default=0, ge=0)
+    budget_usd: float = Field(default=0.0, ge=0)
+    budget_period: Literal["day", "month"] = "month"
+    priority: str = "default"
+    expires_at: float | None = None
+    """Unix seconds; after it the key is refused."""
+    enabled: bool = True
+
+
+class DeclaredKey(KeyLimits):
+    """A key kept in git by its hash: ``enginegate keys hash TOKEN`` prints both fields."""
+
+    id: KeyId
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class AuthConfig(_Strict):
+    required: bool = False
+    """True: every /v1 request needs a valid key (401 otherwise). False (the embedded default): requests
+    without a gateway key are served as today; a request that presents a gateway key (``sk-eg-...``)
+    is still checked and limited."""
+    database: str | None = None
+    """Where keys and usage live: a SQLite file (relative to this config file; default ``keys.db``
+    beside it) or a ``postgresql://`` DSN shared by replicas."""
+    cache_s: float = Field(default=2.0, ge=0, le=300)
+    """A key read from the database is trusted this long: a revoked or changed key takes effect on
+    every replica within this (plus the time of one read)."""
+    usage_flush_s: float = Field(default=2.0, gt=0, le=300)
+    """Usage is written to the database in batches this often (and at shutdown)."""
+    priority_classes: dict[str, int] = DEFAULT_CLASSES
+    """Class name to routing priority (the ``x-priority`` scale, -1000..1000): a key's class caps the
+    priority its requests may ask for."""
+    window_s: float = Field(default=60.0, gt=0, le=3600)
+    """The sliding window of ``rpm`` and ``tpm`` (a minute; shorter only in tests)."""
+    team_metrics_limit: int = Field(default=50, ge=0, le=1000)
+    """Teams with their own Prometheus series; later ones count as ``other``."""
+    keys: list[DeclaredKey] = []
+
+    @model_validator(mode="after")
+    def _classes(self) -> AuthConfig:
+        if "default" not in self.priority_classes:
+            raise ValueError("priority_classes needs a 'default' class")
+        bad = [k.id for k in self.keys if k.priority not in self.priority_classes]
+        if bad:
+            raise ValueError(f"keys {', '.join(bad)} name an unknown priority class")
+        if any(not -1000 <= v <= 1000 for v in self.priority_classes.values()):
+            raise ValueError("priority_classes values must be from -1000 to 1000")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the gateway checks keys at all (otherwise not one extra instruction per request)."""
+        return self.required or self.database is not None or bool(self.keys)
+
+
+class RedisConfig(_Strict):
+    url: str | None = None
+    """``redis://host:port/db``: limits and spend exact across every replica sharing it. Without it
+    the same limits hold in each process."""
+    on_error: Literal["open", "closed"] = "open"
+    """Redis unreachable: ``open`` keeps serving with this process's own counters (limits then hold
+    per replica, not across them; a warning is logged and counted), ``closed`` answers 503."""
+    timeout_s: float = Field(default=0.25, gt=0, le=10)
+    retry_s: float = Field(default=1.0, gt=0, le=60)
+    """After a failure Redis is tried again this much later (requests meanwhile use the fail mode)."""

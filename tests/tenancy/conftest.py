@@ -1,0 +1,32 @@
+"""Fixtures of the tenancy tests: a real redis-server and a real PostgreSQL, one per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tenancy.services import Postgres, RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    pg = Postgres()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture()
+def fresh_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (a test that kills it leaves the others theirs)."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()

@@ -1,0 +1,171 @@
+"""Prefix-cache-aware routing: block hashes, the per-backend index, and choose() trading cache hits
+against queueing through its predictions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.estimator import kv_capacity_tokens, predict
+from routing.explain import render, to_dict
+from routing.features import features
+from routing.policy import choose
+from routing.prefix import BLOCK_BYTES, MIN_CAPACITY_TOKENS, PrefixIndex, chain, rendered
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Rules
+
+LLAMA_8B = ModelSpec("llama-8b", 8, BYTES_PER_PARAM["bf16"], 32768, 131072)
+SYSTEM = "You are a careful assistant for the Acme help desk. Answer briefly and cite the manual. " * 12
+
+
+def state(name: str, running: int = 0, prefix: PrefixIndex | None = None) -> BackendState:
+    profile = BackendProfile(
+        name, "vllm", frozenset({"llama-8b"}), GPUS["A100-80GB"], 1, 80.0, ENGINES["vllm"], max_concurrency=64
+    )
+    return BackendState(profile, running=running, prefix=prefix)
+
+
+def chat(*turns: str) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return messages
+
+
+def feats(messages: list[dict[str, str]], **kw: object):  # type: ignore[no-untyped-def]
+    texts = [m["content"] for m in messages]
+    return features("llama-8b", texts, 64, True, {}, roles=[m["role"] for m in messages], **kw)  # type: ignore[arg-type]
+
+
+def test_blocks_are_chained_so_prompts_share_exactly_their_common_leading_blocks() -> None:
+    a = chain(b"x" * (4 * BLOCK_BYTES) + b"tail")
+    b = chain(b"x" * (2 * BLOCK_BYTES) + b"y" + b"x" * (2 * BLOCK_BYTES))
+    assert len(a) == 4  # the partial last block is never counted
+    assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]  # after they part, no block matches again
+    assert len(set(a)) == 4  # equal block contents at different depths are different prefixes
+
+
+def test_block_keys_are_the_same_in_every_process() -> None:
+    # Replicas must agree: Python's str hash is salted per process, the chain must not be.
+    code = "from routing.prefix import chain; print(chain(b'abc' * 300))"
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in "12"
+    }
+    assert len(runs) == 1 and str(chain(b"abc" * 300)) in runs.pop()
+
+
+def test_the_index_forgets_least_recently_used_tails_first_within_its_capacity() -> None:
+    index = PrefixIndex(capacity_tokens=1000)
+    shared = rendered([SYSTEM])[: 4 * BLOCK_BYTES]
+    first = chain(shared + b"a" * (8 * BLOCK_BYTES))
+    second = chain(shared + b"b" * (8 * BLOCK_BYTES))
+    index.add(first, 64)
+    assert index.match(first) == 12 and index.tokens == 12 * 64
+    index.add(second, 64)  # 20 distinct blocks of 64 tokens do not fit in 1000
+    assert index.tokens <= 1000
+    assert index.match(second) == 12  # the newest prompt is whole
+    assert 4 <= index.match(first) < 12  # the older lost its own tail, not the shared system prompt
+
+
+def test_engine_reports_shrink_and_regrow_the_expected_cache() -> None:
+    index = PrefixIndex(capacity_tokens=100_000)
+    keys = [chain(rendered([f"conversation {i} " * 200])) for i in range(20)]
+    for k in keys:
+        index.add(k, 64)
+    oldest = keys[0]
+    n = index.match(oldest)
+    assert n == len(oldest)
+    ages = index.ages(oldest, n)
+    index.reported(ages, cached_tokens=0, block_tokens=64)  # the engine kept none of it: it holds less
+    assert index.capacity < 100_000 and index.match(oldest) == 0
+    assert index.capacity >= MIN_CAPACITY_TOKENS
+    newest = keys[-1]
+    small = index.capacity
+    ages = index.ages(newest, index.match(newest))
+    index.reported(ages, cached_tokens=len(newest) * 64, block_tokens=64)
+    assert index.capacity >= small  # what it held is a lower bound: capacity never falls on a hit
+
+
+def test_opening_names_the_conversation_not_the_shared_system_prompt() -> None:
+    one_t1 = feats(chat("How do I reset my password?"))
+    one_t3 = feats(chat("How do I reset my password?", "Open settings.", "And then?"))
+    other = feats(chat("My printer is on fire."))
+    assert one_t1.prefix_hash == one_t3.prefix_hash  # every turn: same rendezvous key
+    assert one_t1.prefix_hash != other.prefix_hash  # same system prompt, different conversation
+    assert one_t1.prefix_blocks == one_t3.prefix_blocks[: len(one_t1.prefix_blocks)]
+    assert one_t3.opening_blocks == len(rendered([SYSTEM, "How do I reset my password?"])) // BLOCK_BYTES
+    # tokens per block follow the request's own count when the tokenizer gave one
+    exact = feats(chat("How do I reset my password?"), prompt_tokens=1000)
+    assert exact.block_tokens == 1000 * BLOCK_BYTES / len(
+        rendered([m["content"] for m in chat("How do I reset my password?")])
+    )
+
+
+def test_cached_tokens_shorten_the_predicted_prefill_only() -> None:
+    idle = state("a")
+    cold = predict(LLAMA_8B, idle, 8000, 100)
+    warm = predict(LLAMA_8B, idle, 8000, 100, cached_tokens=7000)
+    assert warm.cached_tokens == 7000 and cold.cached_tokens == 0
+    assert warm.ttft_ms < cold.ttft_ms / 4
+    assert warm.tpot_ms == cold.tpot_ms  # the cached tokens still sit in the KV cache and are read
+    assert predict(LLAMA_8B, idle, 8000, 100, cached_tokens=9000).cached_tokens == 7999  # the last token is computed
+
+
+def _holding(messages: list[dict[str, str]], capacity: float = 1e6) -> PrefixIndex:
+    index = PrefixIndex(capacity)
+    f = feats(messages)
+    index.add(f.prefix_blocks, f.block_tokens)
+    return index
+
+
+def test_a_long_cached_prompt_goes_where_it_is_held_until_queueing_there_costs_more() -> None:
+    history = chat("Summarise this manual: " + "The pump must be primed before use. " * 600)
+    turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
+    f = replace(feats(turn), ttft_budget_ms=300)
+    held = _holding(history)
+    snapshot = FleetSnapshot((state("cold"), state("warm", prefix=held)), {"llama-8b": LLAMA_8B})
+    decision = choose(f, snapshot, Rules())
+    first = decision.candidates[0]
+    assert first.backend == "warm" and first.prediction.cached_tokens > 0.9 * f.prompt_tokens - 100
+    assert to_dict(decision, f)["candidates"][0]["cached_tokens"] == first.prediction.cached_tokens
+    assert "cached" in render(decision, f, snapshot)
+    # the same cache behind a long queue: the prediction, not a bonus, moves the request
+    busy = FleetSnapshot((state("cold"), state("warm", running=400, prefix=held)), {"llama-8b": LLAMA_8B})
+    assert choose(f, busy, Rules()).candidates[0].backend == "cold"
+
+
+def test_new_conversations_sharing_a_system_prompt_spread_over_equal_backends() -> None:
+    # The old affinity hashed the first 256 characters: a shared system prompt sent them all to one backend.
+    twins = [state(f"b{i}", prefix=_holding(chat())) for i in range(4)]
+    snapshot = FleetSnapshot(tuple(twins), {"llama-8b": LLAMA_8B})
+    homes = {choose(feats(chat(f"Question number {i}?")), snapshot, Rules()).candidates[0].backend for i in range(40)}
+    assert len(homes) == 4
+
+
+def test_a_conversation_follows_its_own_history_and_replicas_agree_on_new_ones() -> None:
+    opening = chat("Tell me about pumps. " * 30)
+    twins = [state(f"b{i}") for i in range(4)]
+    snapshot = FleetSnapshot(tuple(twins), {"llama-8b": LLAMA_8B})
+    home = choose(feats(opening), snapshot, Rules()).candidates[0].backend
+    # another replica, same fleet, knows nothing: the same home
+    assert (
+        choose(feats(opening), FleetSnapshot(tuple(twins), {"llama-8b": LLAMA_8B}), Rules()).candidates[0].backend
+        == home
+    )
+    # load sent turn 2 elsewhere; turn 3 follows the history there, not the rendezvous home
+    turn2 = [
+        *opening,
+        {"role": "assistant", "content": "Pumps move fluids. " * 40},
+        {"role": "user", "content": "More."},
+    ]
+    elsewhere = next(s.name for s in twins if s.name != home)
+    placed = [replace(s, prefix=_holding(turn2)) if s.name == elsewhere else s for s in twins]
+    turn3 = [*turn2, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Thanks."}]
+    got = choose(feats(turn3), FleetSnapshot(tuple(placed), {"llama-8b": LLAMA_8B}), Rules()).candidates[0].backend
+    assert got == elsewhere
+
+
+def test_kv_capacity_in_tokens_comes_from_memory_weights_and_kv_bytes() -> None:
+    profile = state("a").profile
+    assert kv_capacity_tokens(LLAMA_8B, profile) == (80e9 * 0.9 - 16e9) / 131072
