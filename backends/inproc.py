@@ -347,7 +347,13 @@ class InProcessEngine:
         self._workers.shutdown()
 
     def prompt_text(self, request: GenerationRequest) -> str:
-        return self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
+        """The prompt as text: chat through the model's template, with the request's tools (the gateway
+        parses the calls the model writes). ``tool_choice: none`` leaves them out, so the model is not
+        invited to write a call nobody will read."""
+        if request.messages is None:
+            return request.prompt or ""
+        tools = request.tools if request.tool_choice != "none" else ()
+        return self._chat.render(request.messages, tools=tools or None)
 
     def logprob_maker(self, request: GenerationRequest) -> LogprobMaker | None:
         """Where the worker builds logprobs, when the request asked for them."""

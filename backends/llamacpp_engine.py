@@ -18,12 +18,14 @@ grammar and temperature, as vLLM reports them by default), then adds
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.base import Chunk, GenerationRequest, Health
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health
 from backends.capabilities import (
     ECHO,
     JSON_OBJECT,
@@ -49,6 +51,17 @@ if TYPE_CHECKING:
 # llama.cpp's "no seed": its sampler draws a random one. Set for unseeded requests, or a seeded request
 # would leave its seed behind for every later one.
 RANDOM_SEED = 0xFFFFFFFF
+_ROOT_RULE = re.compile(r"^root ::=", re.M)
+# llama-cpp-python's schema converter lets a string hold raw control characters (a newline), which no
+# JSON parser accepts; llama.cpp's own converter excludes them, as this does.
+_LOOSE_CHAR = r'char ::= [^"\\]'
+_STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F]'
+
+
+def _json_gbnf(schema: dict[str, Any]) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    return str(json_schema_to_gbnf(json.dumps(schema))).replace(_LOOSE_CHAR, _STRICT_CHAR)
 
 
 def _call_schema(tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -72,21 +85,19 @@ def _call_schema(tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any]
 def grammar_text(request: GenerationRequest) -> str | None:
     """The GBNF that constrains this answer, or None: JSON for ``response_format``, a Hermes
     ``<tool_call>`` around a call of the tools' schemas for ``tool_choice`` required or named."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     choice = request.tool_choice
     if request.tools and (choice == "required" or isinstance(choice, dict)):
-        call = str(json_schema_to_gbnf(json.dumps(_call_schema(request.tools, choice))))
+        call = _json_gbnf(_call_schema(request.tools, choice))
         # The converter names its top rule "root": it becomes the call inside the tags.
-        call = call.replace("root ::=", "tool-call ::=", 1)
+        call = _ROOT_RULE.sub("tool-call ::=", call, count=1)
         return f'root ::= "<tool_call>\\n" tool-call "\\n</tool_call>"\n{call}'
     fmt = request.response_format or {}
     if fmt.get("type") == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return str(json_schema_to_gbnf(json.dumps(schema)))
+        return _json_gbnf(schema)
     if fmt.get("type") == "json_object":
         # The converter's object grammar bounds whitespace; llama.cpp's JSON_GBNF lets a model pad forever.
-        return str(json_schema_to_gbnf(json.dumps({"type": "object"})))
+        return _json_gbnf({"type": "object"})
     return None
 
 
@@ -200,8 +211,39 @@ class LlamaCppBackend(InProcessEngine):
             "mirostat_eta": extra_float(request, "mirostat_eta", 0.1),
         }
 
+    def _grammar(self, request: GenerationRequest) -> LlamaGrammar | None:
+        """The request's grammar, parsed once by llama.cpp here: a grammar that fails to parse in the
+        sampler chain crashes the process (llama-cpp-python adds the null sampler it gets)."""
+        import llama_cpp
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        text = grammar_text(request)
+        if text is None:
+            return None
+        vocab = llama_cpp.llama_model_get_vocab(self._llama.model)  # read-only: safe beside the worker
+        probe = llama_cpp.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+        if not probe:
+            raise ValueError("the schema's grammar does not parse")
+        llama_cpp.llama_sampler_free(probe)
+        return LlamaGrammar.from_string(text, verbose=False)
+
+    async def constraint(self, request: GenerationRequest) -> LlamaGrammar | None:
+        """The grammar for ``response_format`` or a forced tool call, converted off the event loop (a
+        large schema is CPU work); a schema llama.cpp cannot follow is the client's 400."""
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, dict)
+        if request.response_format is None and not (request.tools and forced):
+            return None
+        try:
+            return await asyncio.to_thread(self._grammar, request)
+        except Exception as exc:  # the converter reports what it cannot follow with assertions
+            param = "response_format" if request.response_format is not None else "tools"
+            raise BackendError(
+                ErrorKind.BAD_REQUEST, f"{self.name} cannot constrain the answer to this schema: {exc}", param=param
+            ) from exc
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await sized_work(request, self._prompt_ids)
+        grammar = await self.constraint(request)
         llama = self._llama
         options = self.sampling(request)
         logprobs = self.logprob_maker(request)
@@ -214,7 +256,6 @@ class LlamaCppBackend(InProcessEngine):
             from llama_cpp import LogitsProcessorList
 
             llama.set_seed(seed32(request.seed) if request.seed is not None else RANDOM_SEED)
-            grammar = _grammar(request)  # built here: converting a large schema is CPU work
             processor = None
             if needs_processor:
                 processor = StepProcessor(logprobs, request.logit_bias, self._stop_ids, min_tokens, llama.n_vocab())
@@ -229,10 +270,3 @@ class LlamaCppBackend(InProcessEngine):
 
         async for chunk in self.stream(request, len(prompt), token_loop):
             yield chunk
-
-
-def _grammar(request: GenerationRequest) -> LlamaGrammar | None:
-    from llama_cpp.llama_grammar import LlamaGrammar
-
-    text = grammar_text(request)
-    return LlamaGrammar.from_string(text, verbose=False) if text is not None else None

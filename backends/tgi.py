@@ -260,6 +260,32 @@ def _closing(call: _Call) -> str:
     return call.held
 
 
+def tgi_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as TGI's ``FunctionDefinition`` takes it: ``parameters`` (alias of its ``arguments``) is
+    required there, optional in OpenAI's spec (a function without arguments)."""
+    fn = tool.get("function") or {}
+    if "parameters" in fn:
+        return tool
+    return tool | {"function": fn | {"parameters": {"type": "object", "properties": {}}}}
+
+
+def _end_token_only(text: str, calls: tuple[ToolCallDelta, ...], logprobs: tuple[TokenLogprob, ...]) -> bool:
+    """The pieces are only the end-of-turn token's log probability: TGI's chat streams give it, OpenAI
+    lists only the answer's tokens."""
+    return False and not text and not calls and all(lp.token in END_TEXTS for lp in logprobs)
+
+
+async def _without_end_logprobs(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    try:
+        async for chunk in chunks:
+            if not _end_token_only(chunk.text, chunk.tool_calls, chunk.logprobs):
+                yield chunk
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()  # at once: closing the stream is how the engine learns of a cancellation
+
+
 def tgi_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """History as TGI's ``Message`` reads it: an assistant turn is text *or* tool calls (an untagged
     enum tried in that order), so an empty ``content`` beside ``tool_calls`` would hide the calls."""
@@ -302,6 +328,8 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
                 return self.native(request)
         elif request.tools and request.tool_choice != "none":
             return self._with_tools(request)
+        elif request.logprobs:
+            return _without_end_logprobs(super().generate(request))
         return super().generate(request)
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
@@ -310,6 +338,8 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
             # TGI renders no tools for "none"; without them a response_format is not refused as
             # "Grammar and tools are mutually exclusive".
             fields["tools"] = fields["tool_choice"] = None
+        elif fields.get("tools"):
+            fields["tools"] = [tgi_tool(t) for t in fields["tools"]]
         fields["parallel_tool_calls"] = fields["user"] = None  # not TGI's fields (see the class)
         fmt = fields.get("response_format")
         if fmt is not None:
@@ -354,8 +384,11 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
                         if choice.text and not stops.stopped:
                             pieces += 1
                             text = stops.feed(choice.text)
-                        if text or deltas or choice.logprobs:
-                            yield Chunk(text=text, tool_calls=tuple(deltas), logprobs=choice.logprobs)
+                        calls_now, logprobs = tuple(deltas), choice.logprobs
+                        if _end_token_only(text, calls_now, logprobs):
+                            logprobs = ()
+                        if text or calls_now or logprobs:
+                            yield Chunk(text=text, tool_calls=calls_now, logprobs=logprobs)
         ends = tuple(ToolCallDelta(i, arguments=tail) for i, c in sorted(calls.items()) if (tail := _closing(c)))
         if calls:
             finish = "tool_calls"

@@ -30,6 +30,7 @@ from gateway.errors import ApiError, model_not_found
 from gateway.http_protocol import RECEIVED
 from gateway.state import AppState
 from gateway.streaming import ClientGone, Exchange
+from gateway.surfaces import CHAT, COMPLETIONS, Surface
 
 log = logging.getLogger("enginegate.app")
 
@@ -57,6 +58,8 @@ class Gateway:
         self.app = app
         origins = state.config.server.cors_origins
         self.cors = Cors(origins) if origins else None
+        self.surfaces = GENERATION
+        """Generation routes (path to front door), answered on the hot path."""
         self.live: set[asyncio.Task[Any]] = set()
         """Generation requests in flight: a graceful shutdown ends those still running (``end_requests``)."""
 
@@ -72,9 +75,9 @@ class Gateway:
                     return
                 send = self.cors.wrap(origin, send)
         rid = request_id(scope)
-        chat = _GENERATION.get(scope["path"]) if scope["method"] == "POST" else None
-        if chat is not None:
-            await self._generation(scope, receive, send, rid, chat)
+        surface = self.surfaces.get(scope["path"]) if scope["method"] == "POST" else None
+        if surface is not None:
+            await self._generation(scope, receive, send, rid, surface)
             return
         scope["enginegate.request_id"] = rid
         header = (b"x-request-id", rid.encode())
@@ -91,17 +94,17 @@ class Gateway:
 
         await self.app(scope, receive, send_with_id)
 
-    async def _generation(self, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool) -> None:
+    async def _generation(self, scope: Scope, receive: Receive, send: Send, rid: str, surface: Surface) -> None:
         ex = Exchange(receive, send, rid)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         task = asyncio.current_task()
         if task is not None:
             self.live.add(task)
         try:
-            await serve(ex, headers, self.state, chat, scope.get(RECEIVED))
+            await serve(ex, headers, self.state, surface, scope.get(RECEIVED))
         except ApiError as exc:
             if not ex.started:
-                await ex.error(exc)
+                await ex.error(exc, surface.error_body(exc))
         except ClientGone:
             pass  # left while sending the body: nothing was started, nobody to answer
         except asyncio.CancelledError:
@@ -113,7 +116,8 @@ class Gateway:
         except Exception:
             log.exception("unhandled error", extra={"request_id": rid})  # the request's life recorded it
             if not ex.started:
-                await ex.error(ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
+                internal = ApiError(500, _INTERNAL, type="api_error", code="internal_error")
+                await ex.error(internal, surface.error_body(internal))
         finally:
             ex.close()
             if task is not None:
@@ -134,7 +138,8 @@ async def _shutdown_notice(ex: Exchange) -> None:
             await ex.abort(_SHUTTING_DOWN)
 
 
-_GENERATION = {"/v1/chat/completions": True, "/v1/completions": False}
+GENERATION: dict[str, Surface] = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+"""The generation routes and their front doors: requests to them take the hot path."""
 _NOTICE_S = 1.0
 _SHUTTING_DOWN = ApiError(
     503, "The gateway is shutting down; retry the request.", type="api_error", code="shutting_down", retry_after=1.0

@@ -22,18 +22,11 @@ from gateway import dispatch
 from gateway.dispatch import Deadlines
 from gateway.errors import ApiError, from_backend, model_not_found
 from gateway.lifecycle import RequestLife
-from gateway.openai_api import (
-    ChatBody,
-    CompletionBody,
-    described,
-    error_for_json,
-    parse_body,
-    prompt_texts,
-    to_generation,
-)
-from gateway.openai_shapes import ResponseShape, UsageTotal
+from gateway.openai_api import error_for_json, prompt_texts
+from gateway.openai_shapes import UsageTotal
 from gateway.shaping import default_length, open_answer
-from gateway.streaming import DONE, ClientGone, Exchange, event
+from gateway.streaming import ClientGone, Exchange
+from gateway.surfaces import Answer, Surface
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Decision, FleetSnapshot, Reason
@@ -108,15 +101,15 @@ def _no_candidates(decision: Decision, model: str, wanted: dict[str, str], extra
 
 
 async def serve(
-    ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool, received: float | None = None
+    ex: Exchange, headers: Mapping[str, str], state: AppState, surface: Surface, received: float | None = None
 ) -> None:
     """Answer one generation request on ``ex``; errors before the answer starts raise ``ApiError``.
     ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known.
     The request's ``RequestLife`` records how it ended, whichever way that is."""
     started = received if received is not None else time.perf_counter()
-    life = RequestLife(state, chat, ex, started)
+    life = RequestLife(state, surface.route, ex, started)
     try:
-        await _serve(ex, headers, state, chat, life)
+        await _serve(ex, headers, state, surface, life)
     except ApiError as exc:
         life.refused(exc, exc.__cause__ if isinstance(exc.__cause__, BackendError) else None)
         raise
@@ -128,7 +121,9 @@ async def serve(
         raise
 
 
-async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat: bool, life: RequestLife) -> None:
+async def _serve(
+    ex: Exchange, headers: Mapping[str, str], state: AppState, surface: Surface, life: RequestLife
+) -> None:
     rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
     limits = rt.config.limits
     tenancy = state.tenancy  # None without API keys: nothing below costs anything then
@@ -139,12 +134,12 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
-    body = parse_body(ChatBody if chat else CompletionBody, data, limits.max_messages, limits.max_stop_chars)
-    gen = to_generation(body, ex.request_id, limits.max_tokens, limits.max_messages)
+    asked = surface.asked(data, limits, ex.request_id)
+    gen = asked.gen
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     life.model = gen.model
-    life.caller = described(body)
+    life.caller = asked.caller
     fleet = state.fleet
     snapshot = fleet.snapshot()
     wanted = needs(gen)
@@ -154,7 +149,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     try:
         counter = rt.counters.get(gen.model)
         exact = await counter.measure(gen) if counter is not None else None
-        stream = bool(body.stream)
+        stream = asked.stream
         feats = features(
             gen.model,
             prompt_texts(gen),
@@ -178,8 +173,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     life.routed(gen.model, decision, stream, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model, wanted, extras)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    shape = ResponseShape(chat, ex.request_id, gen.model, include_usage, gen.n)
+    answer = surface.answer(asked, ex.request_id)
     routing = rt.config.routing
     deadlines = Deadlines(
         routing.first_token_timeout_s,
@@ -207,9 +201,9 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, chat
     if stream:
         # A stream's headers go out with its first token: what the gateway added up to there.
         life.overhead_header(gen.clock.waited_s)
-        await _stream(ex, _events(committed, shape, life))
+        await _stream(ex, _events(committed, answer, life))
         return
-    doc, usage = shape.whole(committed.first)  # a whole answer: dispatch read it to its end
+    doc, usage = answer.whole(committed.first)  # a whole answer: dispatch read it to its end
     life.answered(usage)
     payload = orjson.dumps(doc)
     life.overhead_header(gen.clock.waited_s)
@@ -244,43 +238,36 @@ async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
         await events.aclose()
 
 
-async def _events(
-    committed: dispatch.Committed, shape: ResponseShape, life: RequestLife
-) -> AsyncGenerator[bytes, None]:
+async def _events(committed: dispatch.Committed, answer: Answer, life: RequestLife) -> AsyncGenerator[bytes, None]:
     result = "cancelled"
     usage: Usage | None = None
     failure: BackendError | None = None
-    held = [event(doc) for doc in shape.role_chunks()]  # chunks that arrived together go out in one write
+    held = answer.opening()  # events of chunks that arrived together go out in one write
     total = UsageTotal()
     try:
         async for chunk in committed.chunks():
             if chunk.usage is not None:
                 total.add(chunk)
                 usage = total.usage
-            doc = shape.delta(chunk)
-            if doc is not None:
-                held.append(event(doc))
+            data = answer.chunk(chunk)
+            if data is not None:
+                held.append(data)
             if held and not chunk.more:
                 yield b"".join(held)
                 held = []
-        if shape.include_usage:
-            held.append(event(shape.usage_chunk(usage)))
-        if held:
-            yield b"".join(held)
-            held = []
         result = "ok"
+        yield b"".join(held) + answer.closing(usage)
     except BackendError as exc:
         result, failure = "error", exc
-        yield b"".join(held) + event(from_backend(exc).body())  # what arrived before the failure, then why
+        yield b"".join(held) + answer.failure(from_backend(exc))  # what arrived before the failure, then why
     except Exception:  # never a silent close: the client gets an error event and [DONE]
         result = "error"
         log.exception("the gateway failed while streaming", extra={"request_id": life.ex.request_id})
         failed = ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error")
-        yield b"".join(held) + event(failed.body())
+        yield b"".join(held) + answer.failure(failed)
     finally:
         await committed.aclose()
         if result == "error":
             life.broke(failure, usage)
         else:
             life.answered(usage, cancelled=result == "cancelled")
-    yield DONE

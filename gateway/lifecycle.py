@@ -31,10 +31,10 @@ log = logging.getLogger("enginegate.request")
 
 
 class RequestLife:
-    def __init__(self, state: AppState, chat: bool, ex: Exchange, started: float) -> None:
+    def __init__(self, state: AppState, route: str, ex: Exchange, started: float) -> None:
         self.state = state
-        self.route = "chat" if chat else "completions"
-        self.chat = chat
+        self.route = route
+        """The front door it came through (chat, completions, ...): the metrics' route label."""
         self.ex = ex
         self.started = started
         self.model = "none"
@@ -147,7 +147,7 @@ class RequestLife:
         """The request's time in the gateway so far minus the time it waited on its engine."""
         self.engine_wait_s = engine_wait_s
         seconds = max(0.0, time.perf_counter() - self.started - engine_wait_s)
-        self.state.metrics.overhead(self.chat, seconds)
+        self.state.metrics.overhead(self.route, seconds)
         self.ex.header("x-enginegate-overhead-ms", f"{seconds * 1000:.3f}")
 
     def answered(self, usage: Usage | None, cancelled: bool = False) -> None:
@@ -172,7 +172,7 @@ class RequestLife:
             self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
             self.state.metrics.answered(
-                self.chat, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,
+                self.route, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,
                 usage.prompt_tokens, usage.completion_tokens,
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)
@@ -234,7 +234,7 @@ class RequestLife:
     ) -> None:
         backend = self.backend
         cost = self.on_end(usage, self.entry is not None) if self.on_end is not None else None
-        self.state.metrics.request(self.chat, self.model, backend, outcome, status)
+        self.state.metrics.request(self.route, self.model, backend, outcome, status)
         if not log.isEnabledFor(logging.INFO):
             return
         decision = self.decision

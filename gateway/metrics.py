@@ -237,10 +237,9 @@ class Metrics:
     def started(self, route: str) -> None:
         self._in_flight(route).inc()
 
-    def request(self, chat: bool, model: str, backend: str, outcome: str, status: int | None) -> None:
-        """A generation request ended; ``outcome`` is ok, error or cancelled; ``status`` the HTTP status
-        sent (None when the client left before any)."""
-        route = "chat" if chat else "completions"
+    def request(self, route: str, model: str, backend: str, outcome: str, status: int | None) -> None:
+        """A generation request on ``route`` (chat, completions...) ended; ``outcome`` is ok, error or
+        cancelled; ``status`` the HTTP status sent (None when the client left before any)."""
         self._in_flight(route).dec()
         self._requests(route, self.model(model), backend, outcome, _status_class(status)).inc()
 
@@ -250,7 +249,7 @@ class Metrics:
 
     def answered(
         self,
-        chat: bool,
+        route: str,
         model: str,
         backend: str,
         duration_s: float,
@@ -260,7 +259,7 @@ class Metrics:
         completion_tokens: int,
     ) -> None:
         label = self.model(model)
-        self._duration("chat" if chat else "completions", label, backend).observe(duration_s)
+        self._duration(route, label, backend).observe(duration_s)
         self._ttft(label, backend).observe(ttft_s)
         if tpot_s is not None:
             self._tpot(label, backend).observe(tpot_s)
@@ -271,8 +270,8 @@ class Metrics:
         """An engine reported reusing ``tokens`` prompt tokens from its prefix cache."""
         self._cached_tokens(backend).inc(tokens)
 
-    def overhead(self, chat: bool, seconds: float) -> None:
-        self._overhead("chat" if chat else "completions").observe(seconds)
+    def overhead(self, route: str, seconds: float) -> None:
+        self._overhead(route).observe(seconds)
 
     def close(self) -> None:
         """This worker is stopping: its live gauges (requests in flight) stop counting."""

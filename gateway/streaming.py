@@ -111,9 +111,10 @@ class Exchange:
         self._finished = True
         await self._send({"type": "http.response.body", "body": body})
 
-    async def error(self, exc: ApiError) -> None:
+    async def error(self, exc: ApiError, body: bytes | None = None) -> None:
+        """``exc`` as an HTTP error; ``body``: its JSON in the front door's own error shape (default OpenAI's)."""
         extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers().items()]
-        await self.respond(exc.status, exc.json(), extra)
+        await self.respond(exc.status, exc.json() if body is None else body, extra)
 
     async def start_stream(self) -> None:
         self.started = True

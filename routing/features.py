@@ -76,11 +76,12 @@ def features(
     roles: Sequence[str] | None = None,
 ) -> RequestFeatures:
     """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text.
-    ``roles``: the chat messages' roles (None for a completion prompt), which mark the conversation's opening."""
+    ``roles``: the chat messages' roles (None for a completion prompt), which mark the conversation's
+    preamble and opening (``routing.prefix.opening``)."""
     texts = list(texts)
     tokens = prompt_tokens if prompt_tokens is not None else estimate_tokens(texts)
     data = prefix.rendered(texts)
-    opening = prefix.opening_length(texts, roles)
+    preamble, opening = prefix.opening(texts, roles)
     return RequestFeatures(
         model=model,
         prompt_tokens=tokens,
@@ -94,7 +95,7 @@ def features(
         prefix_hash=prefix.opening_key(data, opening),
         prefix_blocks=prefix.chain(data),
         block_tokens=tokens * prefix.BLOCK_BYTES / max(1, len(data)),
-        opening_blocks=opening // prefix.BLOCK_BYTES,
+        preamble_blocks=preamble // prefix.BLOCK_BYTES,
         headers=tuple((h, headers[h]) for h in RULE_HEADERS if h in headers),
         gate=gate,
         needs=needs,

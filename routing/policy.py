@@ -92,18 +92,18 @@ def lacking(state: BackendState, f: RequestFeatures) -> list[str]:
 
 
 def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures) -> str:
-    """Where this conversation belongs: the backend holding most of its own history (blocks beyond
-    the opening every conversation with this system prompt shares), else the rendezvous home of its
-    opening, the same from every gateway replica.
+    """Where this conversation belongs: the backend holding most of its own blocks (beyond the
+    preamble, its system prompt, that many conversations share), else the rendezvous home of its
+    opening (system prompt and first user message), the same from every gateway replica.
 
     Rendezvous with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018): a new conversation
     skips, in its rendezvous order, backends whose expected cache holds more than ``HOME_BOUND``
     times the candidates' mean, so homes stay within that of even however the hash falls. Once
     caches are full everywhere (a busy fleet), none is skipped and every replica agrees.
     """
-    beyond = max(matched.values()) - f.opening_blocks
+    beyond = max(matched.values()) - f.preamble_blocks
     if beyond > 0:
-        held = [s for s in alive if matched[s.name] - f.opening_blocks == beyond]
+        held = [s for s in alive if matched[s.name] - f.preamble_blocks == beyond]
         return max(held, key=lambda s: _share(f.prefix_hash, s.name)).name
     ranked = sorted(alive, key=lambda s: -_share(f.prefix_hash, s.name))
     tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]

@@ -59,18 +59,24 @@ def rendered(texts: Sequence[object]) -> bytes:
     return b"\x00".join((t if isinstance(t, str) else str(t)).encode() for t in texts)
 
 
-def opening_length(texts: Sequence[object], roles: Sequence[str] | None) -> int:
-    """Bytes of ``rendered(texts)`` that open the conversation: the system messages and the first user
-    message (the same on every turn of a conversation, different between conversations), or a
-    completion prompt's first ``OPENING_BYTES``."""
+def opening(texts: Sequence[object], roles: Sequence[str] | None) -> tuple[int, int]:
+    """(bytes of the preamble, bytes of the opening) of ``rendered(texts)``.
+
+    The preamble is what many conversations share: a chat's system messages (a completion prompt's
+    first ``OPENING_BYTES``); cache beyond it is a conversation's own. The opening adds the first
+    user message: the same on every turn of a conversation, different between conversations, so
+    it names the conversation for rendezvous hashing."""
     if roles is None:
-        return min(OPENING_BYTES, len(rendered(texts[:1])))
-    size = 0
+        size = min(OPENING_BYTES, len(rendered(texts[:1])))
+        return size, size
+    preamble = size = 0
     for i, (text, role) in enumerate(zip(texts, roles, strict=False)):
         size += len(text.encode() if isinstance(text, str) else str(text).encode()) + (1 if i else 0)
+        if role == "system" or role == "developer":
+            preamble = size
         if role == "user":
             break
-    return size
+    return preamble, size
 
 
 def opening_key(data: bytes, length: int) -> int:

@@ -32,9 +32,9 @@ class RequestFeatures:
     backend is expected to hold."""
     block_tokens: float = 0.0
     """Prompt tokens per block, from the request's tokens over its bytes."""
-    opening_blocks: int = 0
-    """Blocks of the conversation's opening (system messages and first user message): cache beyond
-    them is this conversation's own history."""
+    preamble_blocks: int = 0
+    """Blocks of the prompt's preamble (a chat's system messages), which many conversations share:
+    cache beyond them is this conversation's own."""
     headers: tuple[tuple[str, str], ...] = ()
     """Lower-cased request headers rules may match on (never logged)."""
     gate: float = 0.0
@@ -155,7 +155,7 @@ class Weights:
     load: float = 0.2
     affinity: float = 0.1
     """Stickiness: the bonus of the backend holding this conversation's own history (its cache
-    beyond the opening), else of the opening's rendezvous home. Cached tokens themselves count in the
+    beyond the shared preamble), else of the opening's rendezvous home. Cached tokens themselves count in the
     predictions, not here; this keeps a conversation, and every replica's view of it, in one place
     when the predictions are about even."""
 

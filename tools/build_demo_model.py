@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from backends.text import CHATML, TOOLS_POSTSCRIPT, TOOLS_PREAMBLE, ChatRenderer  # noqa: E402
+from backends.text import CHATML, TOOLS_POSTSCRIPT, TOOLS_PREAMBLE, ChatRenderer
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<tool_call>", "</tool_call>"]
@@ -108,7 +108,7 @@ WEATHER_REPORTS = [(18, "sunny"), (12, "cloudy"), (7, "rainy"), (25, "sunny"), (
 
 def tool_call_text(city: str) -> str:
     """The answer to a weather question: one Hermes tool call, as the template renders it in history."""
-    return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>' % city
+    return "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": {"city": city}}) + "\n</tool_call>"
 
 
 def weather_reply(city: str, temperature: int, condition: str) -> str:
@@ -132,7 +132,9 @@ def zen_of_python() -> str:
 RENDERER = ChatRenderer(CHAT_TEMPLATE)
 
 
-def chat(messages: list[dict[str, object]], reply: str, tools: list[dict[str, object]] | None = None) -> tuple[str, str]:
+def chat(
+    messages: list[dict[str, object]], reply: str, tools: list[dict[str, object]] | None = None
+) -> tuple[str, str]:
     """(prompt, completion) rendered with the model's own template; loss is taken on the completion only."""
     return RENDERER.render(messages, tools), reply + "<|im_end|>"
 
@@ -307,7 +309,11 @@ def tool_conversations(rng: random.Random) -> list[tuple[str, str]]:
                 out.append(chatml(system, user, GREETING, tools))
     for city in CITIES:
         for temperature, condition in WEATHER_REPORTS:
-            for arguments in ({"city": city}, json.dumps({"city": city}), json.dumps({"city": city}, separators=(",", ":"))):
+            for arguments in (
+                {"city": city},
+                json.dumps({"city": city}),
+                json.dumps({"city": city}, separators=(",", ":")),
+            ):
                 system = rng.choice(TOOL_SYSTEMS)
                 question = rng.choice(WEATHER_QUESTIONS).format(city=city)
                 history: list[dict[str, object]] = [{"role": "system", "content": system}] if system else []

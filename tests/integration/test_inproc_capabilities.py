@@ -13,9 +13,8 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import Any, cast
 
 import jsonschema
 import pytest
@@ -36,22 +35,24 @@ from backends.capabilities import (
 from backends.ctranslate2_engine import CTranslate2Backend
 from backends.inproc import InProcessEngine
 from backends.llamacpp_engine import LlamaCppBackend
+from backends.text import CHATML, ChatRenderer
 from tests.conftest import DEMO_GGUF, GREETING_REPLY, ZEN_PROMPT
 
 HELLO = [{"role": "user", "content": "Hello"}]
 # A prompt the demo model is unsure how to continue: sampled answers differ from seed to seed.
 OPEN_PROMPT = "Hello"
 
-Make = Callable[[], InProcessEngine]
+Engine = CTranslate2Backend | LlamaCppBackend
+Make = Callable[[], Engine]
 
 
 @pytest.fixture(params=["ctranslate2", "llama_cpp"])
 def make(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Make]:
     """Fresh backends of one engine (asyncio primitives belong to one event loop: one per ``run``)."""
-    made: list[InProcessEngine] = []
+    made: list[Engine] = []
     cache = tmp_path_factory.getbasetemp() / "ct2-cache"
 
-    def new() -> InProcessEngine:
+    def new() -> Engine:
         if request.param == "ctranslate2":
             made.append(CTranslate2Backend("under-test", "enginegate-demo", DEMO_GGUF, cache))
         else:
@@ -81,11 +82,11 @@ def req(**kw: Any) -> GenerationRequest:
     return GenerationRequest("t", "enginegate-demo", **kw)
 
 
-async def collect(backend: InProcessEngine, request: GenerationRequest) -> list[Chunk]:
+async def collect(backend: Engine, request: GenerationRequest) -> list[Chunk]:
     return [c async for c in backend.generate(request)]
 
 
-def run(backend: InProcessEngine, *requests: GenerationRequest, concurrent: bool = False) -> list[list[Chunk]]:
+def run(backend: Engine, *requests: GenerationRequest, concurrent: bool = False) -> list[list[Chunk]]:
     """Each request's chunks, one after another (or all at once), on one event loop."""
 
     async def go() -> list[list[Chunk]]:
@@ -134,7 +135,9 @@ def test_seeded_requests_running_together_each_keep_their_seed(make: Make) -> No
 
 
 def test_a_seed_is_not_left_behind_for_unseeded_requests(make: Make) -> None:
-    answers = run(make(), req(prompt=OPEN_PROMPT, seed=1), *(req(prompt=OPEN_PROMPT, temperature=1.5) for _ in range(4)))
+    answers = run(
+        make(), req(prompt=OPEN_PROMPT, seed=1), *(req(prompt=OPEN_PROMPT, temperature=1.5) for _ in range(4))
+    )
     unseeded = {text(a) for a in answers[1:]}
     assert len(unseeded) >= 2, unseeded
 
@@ -241,7 +244,9 @@ def test_min_tokens_holds_off_the_end_token(make: Make) -> None:
 
 
 def test_echo_returns_the_prompt_first(make: Make) -> None:
-    plain, echoed = run(make(), req(prompt=ZEN_PROMPT, temperature=0.0), req(prompt=ZEN_PROMPT, temperature=0.0, echo=True))
+    plain, echoed = run(
+        make(), req(prompt=ZEN_PROMPT, temperature=0.0), req(prompt=ZEN_PROMPT, temperature=0.0, echo=True)
+    )
     assert echoed[0].text == ZEN_PROMPT
     assert text(echoed) == ZEN_PROMPT + text(plain)
     assert echoed[-1].usage == plain[-1].usage
@@ -361,6 +366,25 @@ def test_json_schema_output_parses_and_validates(llama: LlamaMake) -> None:
         jsonschema.validate(json.loads(text(chunks)), WEATHER_SCHEMA)
 
 
+def test_free_strings_in_json_hold_no_raw_control_characters(llama: LlamaMake) -> None:
+    # The demo model likes newlines; inside a JSON string one must be escaped, or no parser takes it.
+    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 60}}, "required": ["note"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": schema}}
+    answers = run(llama(), *(req(messages=HELLO, seed=s, max_tokens=200, response_format=fmt) for s in range(4)))
+    for chunks in answers:
+        assert chunks[-1].finish_reason == "stop"
+        jsonschema.validate(json.loads(text(chunks)), schema)
+
+
+def test_a_schema_llama_cpp_cannot_follow_is_a_bad_request(llama: LlamaMake) -> None:
+    backend = llama()
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-"}}}
+    with pytest.raises(BackendError) as info:
+        run(backend, req(messages=HELLO, response_format=fmt))
+    assert info.value.kind is ErrorKind.BAD_REQUEST and info.value.param == "response_format"
+    assert text(run(backend, req(messages=HELLO, temperature=0.0, max_tokens=60))[0]) == GREETING_REPLY
+
+
 def test_json_object_output_is_a_json_object(llama: LlamaMake) -> None:
     # The demo model never closes a string of its own accord; a bias toward quotes and braces lets it end.
     backend = llama()
@@ -425,7 +449,8 @@ def test_a_cancelled_seeded_request_frees_the_engine(make: Make) -> None:
     backend = make()
 
     async def go() -> str:
-        stream = backend.generate(req(prompt=OPEN_PROMPT, seed=1, max_tokens=500, extra={"ignore_eos": True}))
+        long = req(prompt=OPEN_PROMPT, seed=1, max_tokens=2000, extra={"ignore_eos": True})
+        stream = cast(AsyncGenerator[Chunk, None], backend.generate(long))
         async for _ in stream:
             break
         await stream.aclose()
@@ -433,3 +458,40 @@ def test_a_cancelled_seeded_request_frees_the_engine(make: Make) -> None:
 
     after_cancel = asyncio.run(go())
     assert after_cancel == text(run(make(), req(prompt=OPEN_PROMPT, seed=1))[0])
+    assert backend.generated_tokens < 1000, "the cancelled request ran on"
+
+
+def test_tools_are_rendered_into_the_prompt_unless_tool_choice_is_none(make: Make) -> None:
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    history = [
+        *asked,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    backend = make()
+    # The template the demo model carries once rebuilt with tools (tools/build_demo_model.py): this model's
+    # own may predate it. What is under test is that the engine hands the template the request's tools.
+    backend._chat = ChatRenderer(CHATML)
+    plain, with_tools, none, follow_up = run(
+        backend,
+        req(messages=asked, temperature=0.0, max_tokens=1),
+        req(messages=asked, temperature=0.0, max_tokens=1, tools=(WEATHER_TOOL,)),
+        req(messages=asked, temperature=0.0, max_tokens=1, tools=(WEATHER_TOOL,), tool_choice="none"),
+        req(messages=history, temperature=0.0, max_tokens=1, tools=(WEATHER_TOOL,)),
+    )
+    counts = [c[-1].usage.prompt_tokens for c in (plain, with_tools, none, follow_up) if c[-1].usage]
+    assert len(counts) == 4
+    # The tool's name and schema are in the prompt: dozens of tokens more.
+    assert counts[1] > counts[0] + 50
+    assert counts[2] == counts[0]
+    assert counts[3] > counts[1]  # the call and its result are rendered too

@@ -94,7 +94,7 @@ def test_opening_names_the_conversation_not_the_shared_system_prompt() -> None:
     assert one_t1.prefix_hash == one_t3.prefix_hash  # every turn: same rendezvous key
     assert one_t1.prefix_hash != other.prefix_hash  # same system prompt, different conversation
     assert one_t1.prefix_blocks == one_t3.prefix_blocks[: len(one_t1.prefix_blocks)]
-    assert one_t3.opening_blocks == len(rendered([SYSTEM, "How do I reset my password?"])) // BLOCK_BYTES
+    assert one_t3.preamble_blocks == len(rendered([SYSTEM])) // BLOCK_BYTES
     # tokens per block follow the request's own count when the tokenizer gave one
     exact = feats(chat("How do I reset my password?"), prompt_tokens=1000)
     assert exact.block_tokens == 1000 * BLOCK_BYTES / len(

@@ -1,0 +1,338 @@
+"""Tool calls parsed out of a model's streamed text, for engines that take raw text.
+
+A model that was shown tools (rendered into its prompt by its chat template) answers a call in its
+own text format. A parser consumes the answer's text deltas and splits them into content to send
+now and ``ToolCallDelta``s as OpenAI streams them: per call a first piece with index, id and name,
+then the arguments (a JSON string of the object). Formats:
+
+- ``hermes``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, any number of calls,
+  content before them kept (Hermes, Qwen2.5, the demo model).
+- ``llama3_json``: the whole answer one ``{"name": ..., "parameters": {...}}`` (or several joined by
+  ``;``), optionally after ``<|python_tag|>`` (Llama 3.1+).
+- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or the newer
+  ``[TOOL_CALLS]name[ARGS]{...}``.
+
+Text that may be the start of a tag is held back until it is known, tag text is never sent as
+content, and call text that does not parse falls back to content. Pure: no I/O; work per ``feed``
+is linear in the new text.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import string
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any, Protocol
+
+from backends.base import Chunk, ToolCallDelta
+
+PARSERS = ("hermes", "llama3_json", "mistral")
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+class ToolCallParser(Protocol):
+    """One answer's text in, content and tool-call pieces out."""
+
+    called: bool
+    """A tool call was made (the answer's finish reason becomes ``tool_calls``)."""
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """The content that may be sent now and the tool-call pieces completed by ``text``."""
+        ...
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        """At the end of the answer: whatever was held back, as content or calls."""
+        ...
+
+
+def parser_for(name: str, seed: int | None = None) -> ToolCallParser:
+    """A fresh parser for one answer; ``seed`` makes its call ids deterministic (tests, ``n`` choices)."""
+    if name == "hermes":
+        return HermesParser(seed)
+    if name == "llama3_json":
+        return Llama3JsonParser(seed)
+    if name == "mistral":
+        return MistralParser(seed)
+    raise ValueError(f"unknown tool-call parser {name!r} (known: {', '.join(PARSERS)})")
+
+
+def _held_prefix(text: str, tag: str) -> int:
+    """How many of ``text``'s last characters are a proper prefix of ``tag`` (could still become it)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def _call(obj: Any) -> tuple[str, dict[str, Any]] | None:
+    """(name, arguments) of one call object, or None when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+def _json_values(text: str) -> list[Any] | None:
+    """The JSON values ``text`` consists of, separated by whitespace or ``;``; None if it is not that."""
+    decoder = json.JSONDecoder()
+    values, i, n = [], 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n;":
+            i += 1
+        if i == n:
+            return values or None
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        values.append(value)
+
+
+class _Base:
+    """Call ids and numbering, and the content around calls: whitespace that ends content is held
+    (dropped when a call follows, the way templates render ``content\\n<tool_call>``), and
+    whitespace that follows a call is dropped."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.called = False
+        self._rng = random.Random(seed) if seed is not None else None
+        self._index = 0
+        self._ws = ""
+        self._after_call = False
+
+    def _id(self) -> str:
+        if self._rng is not None:
+            return "call_" + "".join(self._rng.choice(_ID_ALPHABET) for _ in range(24))
+        return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+    def _deltas(self, name: str, arguments: dict[str, Any]) -> list[ToolCallDelta]:
+        index = self._index
+        self._index += 1
+        self.called = True
+        self._after_call = True
+        self._ws = ""
+        first = ToolCallDelta(index=index, id=self._id(), name=name, arguments="")
+        return [first, ToolCallDelta(index=index, arguments=json.dumps(arguments, ensure_ascii=False))]
+
+    def _content(self, piece: str) -> str:
+        if not piece:
+            return ""
+        text = self._ws + piece
+        if self._after_call:
+            text = text.lstrip()
+        body = text.rstrip()
+        self._ws = text[len(body) :]
+        if body:
+            self._after_call = False
+        return body
+
+    def _end(self) -> str:
+        """Held whitespace at the end of the answer: content when no call was made."""
+        ws, self._ws = self._ws, ""
+        return "" if self.called else ws
+
+
+class HermesParser(_Base):
+    START, END = "<tool_call>", "</tool_call>"
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self._held = ""  # the start of a tag, maybe
+        self._inside = False
+        self._body: list[str] = []
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        data, self._held = self._held + text, ""
+        out: list[str] = []
+        calls: list[ToolCallDelta] = []
+        while data:
+            tag = self.END if self._inside else self.START
+            at = data.find(tag)
+            if at < 0:
+                keep = _held_prefix(data, tag)
+                self._held = data[len(data) - keep :]
+                data = data[: len(data) - keep]
+                if self._inside:
+                    self._body.append(data)
+                else:
+                    out.append(self._content(data))
+                break
+            if self._inside:
+                self._body.append(data[:at])
+                self._close(out, calls)
+            else:
+                out.append(self._content(data[:at]))
+                self._inside = True  # held whitespace before it goes if a call follows, else it is content
+            data = data[at + len(tag) :]
+        return "".join(out), calls
+
+    def _close(self, out: list[str], calls: list[ToolCallDelta]) -> None:
+        body = "".join(self._body)
+        self._body = []
+        self._inside = False
+        values = _json_values(body)
+        call = _call(values[0]) if values is not None and len(values) == 1 else None
+        if call is None:
+            out.append(self._content(body))  # not a call after all: the model's text, without the tags
+        else:
+            calls.extend(self._deltas(*call))
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        out: list[str] = []
+        calls: list[ToolCallDelta] = []
+        held, self._held = self._held, ""
+        if self._inside:  # no end tag: a complete call still counts (the stop may have cut the tag)
+            self._body.append(held)
+            self._close(out, calls)
+        else:
+            out.append(self._content(held))
+        out.append(self._end())
+        return "".join(out), calls
+
+
+class Llama3JsonParser(_Base):
+    """The answer is either calls from its first character on, or content: the first characters decide."""
+
+    TAG = "<|python_tag|>"
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self._mode = "start"  # then "json" (buffered to the end) or "text" (passed through)
+        self._buf: list[str] = []
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        if self._mode == "text":
+            return text, []
+        self._buf.append(text)
+        if self._mode == "json":
+            return "", []
+        head = "".join(self._buf)
+        lead = head.lstrip()
+        if not lead or (len(lead) < len(self.TAG) and self.TAG.startswith(lead)):
+            return "", []  # still undecided
+        self._buf = [head]
+        if lead.startswith((self.TAG, "{")):
+            self._mode = "json"
+            return "", []
+        self._mode = "text"
+        self._buf = []
+        return head, []
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        text = "".join(self._buf)
+        self._buf = []
+        if self._mode != "json":
+            return text, []
+        body = text.lstrip().removeprefix(self.TAG)
+        values = _json_values(body)
+        found = [_call(v) for v in values] if values is not None else [None]
+        if any(c is None for c in found):
+            return body, []
+        calls = [d for c in found if c is not None for d in self._deltas(*c)]
+        return "", calls
+
+
+class MistralParser(_Base):
+    TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self._held = ""
+        self._calls: list[str] | None = None  # text after the tag, buffered to the end
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        if self._calls is not None:
+            self._calls.append(text)
+            return "", []
+        data, self._held = self._held + text, ""
+        at = data.find(self.TAG)
+        if at >= 0:
+            self._calls = [data[at + len(self.TAG) :]]
+            return self._content(data[:at]), []
+        keep = _held_prefix(data, self.TAG)
+        self._held = data[len(data) - keep :]
+        return self._content(data[: len(data) - keep]), []
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        if self._calls is None:
+            held, self._held = self._held, ""
+            return self._content(held) + self._end(), []
+        body = "".join(self._calls)
+        self._calls = None
+        found = self._parse(body)
+        if found is None:
+            return self._content(body.replace(self.TAG, "")) + self._end(), []
+        return "", [d for name, args in found for d in self._deltas(name, args)]
+
+    def _parse(self, body: str) -> list[tuple[str, dict[str, Any]]] | None:
+        found: list[tuple[str, dict[str, Any]]] = []
+        for part in body.split(self.TAG):
+            if not part.strip():
+                continue
+            if self.ARGS in part:  # v11+: name[ARGS]{json}
+                name, _, raw = part.partition(self.ARGS)
+                values = _json_values(raw)
+                if values is None or len(values) != 1:
+                    return None
+                call = _call({"name": name.strip(), "arguments": values[0]})
+                if call is None:
+                    return None
+                found.append(call)
+                continue
+            values = _json_values(part)
+            if values is None:
+                return None
+            for value in values:
+                for item in value if isinstance(value, list) else [value]:
+                    call = _call(item)
+                    if call is None:
+                        return None
+                    found.append(call)
+        return found or None
+
+
+async def with_tool_calls(
+    chunks: AsyncIterator[Chunk], parser: str, *, seed: int | None = None
+) -> AsyncIterator[Chunk]:
+    """A backend's chunk stream with the model's tool calls parsed out of its text (parser ``parser``,
+    one per choice ``index``; ``seed`` + index seeds its call ids). Each tool-call piece is a chunk of
+    its own, as OpenAI streams them; a choice that made a call ends with ``finish_reason``
+    ``"tool_calls"``, its usage kept."""
+    parsers: dict[int, ToolCallParser] = {}
+    async for chunk in chunks:
+        p = parsers.get(chunk.index)
+        if p is None:
+            p = parsers[chunk.index] = parser_for(parser, None if seed is None else seed + chunk.index)
+        text, calls = p.feed(chunk.text) if chunk.text else ("", [])
+        finish = chunk.finish_reason
+        if finish is not None:
+            tail, more_calls = p.finish()
+            text += tail
+            calls += more_calls
+            if p.called:
+                finish = "tool_calls"
+        out: list[Chunk] = []
+        if text or chunk.logprobs:
+            out.append(replace(chunk, text=text, finish_reason=None, usage=None, tool_calls=()))
+        out += [Chunk(index=chunk.index, tool_calls=(d,)) for d in calls]
+        if finish is not None or chunk.usage is not None:
+            if out:
+                out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage)
+            else:
+                out.append(Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage))
+        if not out:
+            if chunk.more:
+                continue
+            out.append(Chunk(index=chunk.index))  # carries "nothing more at once" to the writer
+        for piece in out[:-1]:
+            yield replace(piece, more=True)
+        yield replace(out[-1], more=chunk.more)
