@@ -11,7 +11,7 @@ VLLM_VENV ?= .venv-vllm
 export ENGINEGATE_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
 export ENGINEGATE_LLAMA_SERVER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/enginegate/llama-server-0.3.36/build/bin/llama-server
 
-.PHONY: serve test lint typecheck unit engines clean
+.PHONY: serve test lint typecheck unit engines services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,13 +46,19 @@ engines: $(VENV)/.engine-deps
 	bash tools/install_vllm.sh $(VLLM_VENV)
 	CMAKE=$(abspath $(BIN))/cmake bash tools/build_llama_server.sh >/dev/null
 
+# redis-server and PostgreSQL for the tenancy tests (tests/tenancy starts its own on free ports in
+# temporary directories, and stops them); Debian's packages, through apt-get, when missing.
+services:
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null)
+
 # The fast loop: every test that needs no engine build (contract fakes, in-process CTranslate2,
 # the gateway as a real process), in a few minutes.
-unit: $(VENV)/.test-deps
+unit: $(VENV)/.test-deps services
 	$(BIN)/pytest -m "not engines"
 
 # Everything CI runs: lint, types, then every test, real engines included.
-test: lint typecheck engines
+test: lint typecheck engines services
 	$(BIN)/pytest
 
 clean:

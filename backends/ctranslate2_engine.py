@@ -130,7 +130,7 @@ class CTranslate2Backend(InProcessEngine):
         """``generate_batch``'s arguments for this request."""
         # End tokens are handled by the shared token loop (it honours ignore_eos), not by CTranslate2.
         options: dict[str, Any] = {"max_length": request.max_tokens or self.context_length, "end_token": []}
-        if request.greedy:
+        if request.greedy or request.top_p <= 0.0:  # top_p 0 keeps only the likeliest token (CT2 refuses 0)
             options["sampling_topk"] = 1
         else:
             top_k = extra_int(request, "top_k", 0)

@@ -258,8 +258,12 @@ class HttpBackend(abc.ABC):
         return await sized_work(request, self.prompt_text)
 
     def prompt_text(self, request: GenerationRequest) -> str:
-        """The text an engine that takes raw text gets: chat rendered with the model's template."""
-        return self.render_chat(request.messages) if request.messages is not None else request.prompt or ""
+        """The text an engine that takes raw text gets: chat rendered with the model's template, with the
+        request's tools (the gateway leaves them out when ``tool_choice`` is "none": no call may come)."""
+        if request.messages is None:
+            return request.prompt or ""
+        tools = request.tools if request.tool_choice != "none" else ()
+        return self._chat.render(request.messages, tools=list(tools) if tools else None)
 
     async def json_events(
         self, request: GenerationRequest, response: Response, trust_status: bool = True

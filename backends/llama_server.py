@@ -19,6 +19,8 @@ vendored llama.cpp, build ``b1-0c1e570``); every field goes out as OpenAI spells
   without ``top_logprobs`` still lists alternatives, and completions' ``logprobs: 0`` returns none,
   so the adapter asks for one alternative and keeps what the client asked for.
 - Penalties, ``logit_bias`` (token ids as string keys), ``seed`` (reproducible run to run).
+- Sampling: llama-server's own defaults cut the distribution (``top_k`` 40, ``top_p`` 0.95,
+  ``min_p`` 0.05), so a sampled request without them is sent OpenAI's (the whole distribution).
 - ``n``: native, one slot per choice; usage comes once per choice and is added up.
 - images: ``image_url`` parts go as they are; llama-server answers them only with ``--mmproj`` ("image
   input is not supported" otherwise), which the model entry says.
@@ -67,6 +69,16 @@ class LlamaServerBackend(OpenAICompatBackend):
     load_map = LOAD
     capabilities: ClassVar[Capabilities] = CAPABILITIES
     usage_per_choice = True
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        body = super().payload(request)
+        if not request.greedy:
+            # llama-server samples from top_k 40, top_p 0.95 and min_p 0.05 unless told: OpenAI's sampling
+            # is the whole distribution (a client's own top_k/min_p extras are already in the body).
+            body.setdefault("top_p", 1.0)
+            body.setdefault("top_k", 0)
+            body.setdefault("min_p", 0.0)
+        return body
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)

@@ -64,16 +64,20 @@ def _json_gbnf(schema: dict[str, Any]) -> str:
     return str(json_schema_to_gbnf(json.dumps(schema))).replace(_LOOSE_CHAR, _STRICT_CHAR)
 
 
-def _call_schema(tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any] | None) -> dict[str, Any]:
-    """The JSON a forced call must be: ``{"name", "arguments"}`` of the named tool, or of any tool."""
+# How a forced call is written, per tool-call format the gateway parses (``backends.tool_calls``):
+# the key that holds the arguments, and the text around the call's JSON.
+CALL_SHAPES = {
+    "hermes": ("arguments", '"<tool_call>\\n" tool-call "\\n</tool_call>"'),
+    "llama3_json": ("parameters", "tool-call"),
+}
+
+
+def _call_schema(tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any] | None, key: str) -> dict[str, Any]:
+    """The JSON a forced call must be: the name and ``key`` (the arguments) of the named tool, or of any."""
 
     def shape(fn: dict[str, Any]) -> dict[str, Any]:
         params = fn.get("parameters") or {"type": "object"}
-        return {
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"],
-        }
+        return {"type": "object", "properties": {"name": {"const": fn["name"]}, key: params}, "required": ["name", key]}
 
     fns = [t["function"] for t in tools if t.get("type", "function") == "function"]
     if isinstance(choice, dict):
@@ -82,15 +86,19 @@ def _call_schema(tools: tuple[dict[str, Any], ...], choice: str | dict[str, Any]
     return shape(fns[0]) if len(fns) == 1 else {"anyOf": [shape(fn) for fn in fns]}
 
 
-def grammar_text(request: GenerationRequest) -> str | None:
-    """The GBNF that constrains this answer, or None: JSON for ``response_format``, a Hermes
-    ``<tool_call>`` around a call of the tools' schemas for ``tool_choice`` required or named."""
+def grammar_text(request: GenerationRequest, tool_format: str | None = "hermes") -> str | None:
+    """The GBNF that constrains this answer, or None: JSON for ``response_format``; for ``tool_choice``
+    required or named, one call of the tools' schemas as ``tool_format`` writes it (Hermes: in
+    ``<tool_call>`` tags; llama3_json: the bare object)."""
     choice = request.tool_choice
     if request.tools and (choice == "required" or isinstance(choice, dict)):
-        call = _json_gbnf(_call_schema(request.tools, choice))
-        # The converter names its top rule "root": it becomes the call inside the tags.
+        if tool_format not in CALL_SHAPES:
+            raise ValueError(f"a forced call cannot be written in the {tool_format} tool-call format")
+        key, around = CALL_SHAPES[tool_format]
+        call = _json_gbnf(_call_schema(request.tools, choice, key))
+        # The converter names its top rule "root": it becomes the call inside the format's text.
         call = _ROOT_RULE.sub("tool-call ::=", call, count=1)
-        return f'root ::= "<tool_call>\\n" tool-call "\\n</tool_call>"\n{call}'
+        return f"root ::= {around}\n{call}"
     fmt = request.response_format or {}
     if fmt.get("type") == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
@@ -161,12 +169,16 @@ class LlamaCppBackend(InProcessEngine):
         n_ctx: int | None = None,
         max_queue: int = 64,
         ggufs: GgufCache | None = None,
+        tool_parser: str | None = "hermes",
     ) -> None:
+        """``tool_parser`` is the model's tool-call format (the gateway's parser for it): a forced call is
+        written in it."""
         from llama_cpp import Llama
 
         gguf = (ggufs or GgufCache()).header(gguf_path)
         context = min(n_ctx or gguf.context_length, gguf.context_length)
         super().__init__(name, model_name, gguf.vocab, context, 1, max_queue)
+        self._tool_format = tool_parser
         # The penalties window is the whole context: OpenAI's penalties count every token generated so far.
         self._llama = Llama(
             str(gguf_path),
@@ -217,7 +229,7 @@ class LlamaCppBackend(InProcessEngine):
         import llama_cpp
         from llama_cpp.llama_grammar import LlamaGrammar
 
-        text = grammar_text(request)
+        text = grammar_text(request, self._tool_format)
         if text is None:
             return None
         vocab = llama_cpp.llama_model_get_vocab(self._llama.model)  # read-only: safe beside the worker
@@ -236,7 +248,7 @@ class LlamaCppBackend(InProcessEngine):
         try:
             return await asyncio.to_thread(self._grammar, request)
         except Exception as exc:  # the converter reports what it cannot follow with assertions
-            param = "response_format" if request.response_format is not None else "tools"
+            param = "tool_choice" if request.tools and forced else "response_format"
             raise BackendError(
                 ErrorKind.BAD_REQUEST, f"{self.name} cannot constrain the answer to this schema: {exc}", param=param
             ) from exc

@@ -13,7 +13,11 @@ What a subclass sets (its engine's quirks, as data and one hook):
   ``super().engine_fields(request)`` and editing the dict it gets (a key set to ``None`` there is
   dropped). It is called only when the request uses a capability field (``uses_fields``), so plain
   text requests cost what they always did.
-- ``ask_usage``, ``trusts_event_status``, ``end_texts``: see the attributes.
+- ``ask_usage``, ``usage_per_choice``, ``trusts_event_status``, ``end_texts``: see the attributes.
+
+A subclass that builds its own body calls ``to_payload(request, served_model, capabilities,
+ask_usage)``, which writes the OpenAI form of what ``capabilities`` covers; one that reads its own
+stream calls ``parse_chunk(doc)`` (``ParsedChunk.choices``, each a ``ParsedChoice``, and ``usage``).
 
 Answers: every choice of a chunk is read (``index``), with ``delta.tool_calls`` pieces, logprobs
 (chat's ``logprobs.content`` and completions' ``tokens``/``token_logprobs``/``top_logprobs``), the
@@ -21,8 +25,9 @@ finish reason per choice (``tool_calls`` kept) and usage (``prompt_tokens_detail
 or llama-server's ``timings.cache_n``, as ``Usage.cached_tokens``). Each choice ends with its own
 finish chunk, yielded when the stream ends. Usage is on the stream's last chunk only: with ``n`` > 1
 that is the finish chunk of the highest-indexed choice, and it is the whole request's usage (the
-engine's one count over every choice); the other choices' finish chunks carry none. Stop strings are
-cut per choice.
+engine's one count over every choice, or the engine's per-choice counts added up); the other choices'
+finish chunks carry none. Stop strings are cut per choice, except when the client asked vLLM's
+``include_stop_str_in_output``: the engine then cuts and keeps the stop in the answer.
 """
 
 from __future__ import annotations
@@ -112,15 +117,12 @@ def openai_fields(req: GenerationRequest, caps: Capabilities) -> dict[str, Any]:
 def to_payload(
     req: GenerationRequest,
     served_model: str,
-    caps: Capabilities | frozenset[str] | None,
+    caps: Capabilities,
     ask_usage: bool,
     fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The engine's request body: ``fields`` are the capability fields in the engine's form (default:
-    ``openai_fields``); extras go out when ``caps.extras`` names them. ``caps`` as a set of extra names
-    is the old form of this call (no capability fields), kept while subclasses move over."""
-    if not isinstance(caps, Capabilities):
-        caps = Capabilities(extras=caps or frozenset())
+    ``openai_fields``); extras go out when ``caps.extras`` names them."""
     payload: dict[str, Any] = {"model": served_model, "stream": True}
     if req.messages is not None:
         payload["messages"] = req.messages
@@ -151,7 +153,8 @@ def to_payload(
     return payload
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass costs four times as much to make, once per streamed token.
+@dataclass(slots=True)
 class ParsedChoice:
     """One choice's part of a stream chunk."""
 
@@ -164,9 +167,9 @@ class ParsedChoice:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedChunk:
-    choices: tuple[ParsedChoice, ...] = ()
+    choices: list[ParsedChoice]
     usage: Usage | None = None
 
     # The first choice's parts, for callers that read single-choice streams.
@@ -268,7 +271,7 @@ def parse_choice(choice: dict[str, Any]) -> ParsedChoice:
     raw = choice.get("finish_reason")
     raw_lp = choice.get("logprobs")
     return ParsedChoice(
-        int(choice.get("index") or 0),
+        choice.get("index") or 0,
         text,
         FINISH.get(raw, raw) if raw else None,
         choice.get("stop_reason"),
@@ -280,7 +283,7 @@ def parse_choice(choice: dict[str, Any]) -> ParsedChoice:
 def parse_chunk(doc: dict[str, Any]) -> ParsedChunk:
     """The parts of one OpenAI stream chunk (chat or completion) that matter downstream."""
     choices = doc.get("choices")
-    parsed = tuple(parse_choice(c) for c in choices) if choices else ()
+    parsed = [parse_choice(c) for c in choices] if choices else []
     raw_usage = doc.get("usage")
     usage = None
     if isinstance(raw_usage, dict) and "completion_tokens" in raw_usage:
@@ -321,8 +324,6 @@ class OpenAICompatBackend(HttpBackend):
 
     engine = "openai"
     capabilities: ClassVar[Capabilities] = PLAIN
-    accepted_extra: ClassVar[frozenset[str] | None] = None
-    """Old form of ``capabilities.extras`` (sent as well); declare extras in ``capabilities`` instead."""
     ask_usage: ClassVar[bool] = True
     """The engine sends usage in streams when asked (``stream_options.include_usage``)."""
     usage_per_choice: ClassVar[bool] = False
@@ -337,11 +338,8 @@ class OpenAICompatBackend(HttpBackend):
         return openai_fields(request, self.capabilities)
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
-        caps = self.capabilities
-        if self.accepted_extra:
-            caps = Capabilities(caps.features, caps.extras | self.accepted_extra, caps.native_n)
-        fields = self.engine_fields(request) if uses_fields(request) else None
-        return to_payload(request, self.settings.served_model, caps, self.ask_usage, fields)
+        fields = self.engine_fields(request) if uses_fields(request) else {}
+        return to_payload(request, self.settings.served_model, self.capabilities, self.ask_usage, fields)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"

@@ -87,7 +87,8 @@ T = TypeVar("T")
 
 def prompt_chars(request: GenerationRequest) -> int:
     if request.messages is not None:
-        return sum(len(str(m.get("content") or "")) for m in request.messages)
+        chars = sum(len(str(m.get("content") or "")) for m in request.messages)
+        return chars + len(str(request.tools)) if request.tools else chars  # tools render into the prompt too
     return len(request.prompt or "")
 
 

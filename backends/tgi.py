@@ -25,7 +25,7 @@ and unused).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import orjson
@@ -125,7 +125,7 @@ def native_payload(
         if grammar is not None:
             params["grammar"] = grammar
     if req.logprobs and req.top_logprobs:
-        params["top_n_tokens"] = min(req.top_logprobs, MAX_TOP_N_TOKENS)
+        params["top_n_tokens"] = req.top_logprobs  # more than TGI's maximum is its 422, never fewer silently
     return {"inputs": prompt, "parameters": params}
 
 
@@ -272,18 +272,39 @@ def tgi_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def _end_token_only(text: str, calls: tuple[ToolCallDelta, ...], logprobs: tuple[TokenLogprob, ...]) -> bool:
     """The pieces are only the end-of-turn token's log probability: TGI's chat streams give it, OpenAI
     lists only the answer's tokens."""
-    return False and not text and not calls and all(lp.token in END_TEXTS for lp in logprobs)
+    return bool(logprobs) and not text and not calls and all(lp.token in END_TEXTS for lp in logprobs)
+
+
+def _with_bytes(logprobs: tuple[TokenLogprob, ...]) -> tuple[TokenLogprob, ...]:
+    """TGI's chat logprobs name tokens by their text only; OpenAI's also carry their UTF-8 bytes."""
+    return tuple(
+        replace(
+            lp,
+            bytes=tuple(lp.token.encode()),
+            top=tuple(replace(t, bytes=tuple(t.token.encode())) for t in lp.top),
+        )
+        for lp in logprobs
+    )
 
 
 async def _without_end_logprobs(chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """A chat stream's chunks with OpenAI's log probabilities: the answer's tokens only, with bytes."""
     try:
         async for chunk in chunks:
-            if not _end_token_only(chunk.text, chunk.tool_calls, chunk.logprobs):
+            if not chunk.logprobs:
                 yield chunk
+            elif not _end_token_only(chunk.text, chunk.tool_calls, chunk.logprobs):
+                yield replace(chunk, logprobs=_with_bytes(chunk.logprobs))
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
             await close()  # at once: closing the stream is how the engine learns of a cancellation
+
+
+async def _refused(error: BackendError) -> AsyncIterator[Chunk]:
+    """A stream that fails at once, where the engine's would (before any request is sent)."""
+    raise error
+    yield Chunk()  # never: this makes the function an async generator
 
 
 def tgi_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -327,10 +348,18 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
             if request.logprobs or request.response_format is not None:
                 return self.native(request)
         elif request.tools and request.tool_choice != "none":
+            if request.response_format is not None:
+                return _refused(self.both_tools_and_format())
             return self._with_tools(request)
         elif request.logprobs:
             return _without_end_logprobs(super().generate(request))
         return super().generate(request)
+
+    def both_tools_and_format(self) -> BackendError:
+        """TGI forces a tool call with a grammar of its own, so it refuses ``tools`` beside
+        ``response_format`` ("Grammar and tools are mutually exclusive"); another backend may take both."""
+        message = f"{self.name}: TGI cannot take tools and response_format together"
+        return BackendError(ErrorKind.BAD_REQUEST, message, param="response_format", retryable=True)
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)
@@ -344,17 +373,18 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
         fmt = fields.get("response_format")
         if fmt is not None:
             fields["response_format"] = tgi_grammar(fmt, messages_api=True)
-        if fields.get("top_logprobs"):
-            fields["top_logprobs"] = min(fields["top_logprobs"], MAX_TOP_N_TOKENS)
         return fields
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         body = super().payload(request)
-        if "seed" in body:
+        if "seed" in body and body["seed"] < 0:
             body["seed"] = tgi_seed(body["seed"])
         messages = request.messages
-        if messages is not None and any("tool_calls" in m for m in messages):
-            body["messages"] = tgi_messages(messages)
+        if messages is not None:
+            for m in messages:  # a loop, not any(): this runs for every chat request
+                if "tool_calls" in m:
+                    body["messages"] = tgi_messages(messages)
+                    break
         return body
 
     async def _with_tools(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
@@ -385,8 +415,8 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
                             pieces += 1
                             text = stops.feed(choice.text)
                         calls_now, logprobs = tuple(deltas), choice.logprobs
-                        if _end_token_only(text, calls_now, logprobs):
-                            logprobs = ()
+                        if logprobs:
+                            logprobs = () if _end_token_only(text, calls_now, logprobs) else _with_bytes(logprobs)
                         if text or calls_now or logprobs:
                             yield Chunk(text=text, tool_calls=calls_now, logprobs=logprobs)
         ends = tuple(ToolCallDelta(i, arguments=tail) for i, c in sorted(calls.items()) if (tail := _closing(c)))

@@ -84,7 +84,8 @@ def _call(obj: Any) -> tuple[str, dict[str, Any]] | None:
 def _json_values(text: str) -> list[Any] | None:
     """The JSON values ``text`` consists of, separated by whitespace or ``;``; None if it is not that."""
     decoder = json.JSONDecoder()
-    values, i, n = [], 0, len(text)
+    values: list[Any] = []
+    i, n = 0, len(text)
     while True:
         while i < n and text[i] in " \t\r\n;":
             i += 1

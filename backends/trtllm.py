@@ -30,7 +30,7 @@ What each carries beyond plain text (``capabilities``):
   server needs ``guided_decoding_backend: xgrammar`` in its ``--extra_llm_api_options``, else it
   answers 400 "Guided decoding is not enabled"); chat ``logprobs``/``top_logprobs`` and completions'
   integer ``logprobs`` (the PyTorch backend, trtllm-serve's default; its lists hold the sampled token
-  beside the top ones, trimmed here to what was asked); ``n``; penalties; ``logit_bias`` (an embedding
+  beside the top ones, trimmed to what was asked); ``n``; penalties; ``logit_bias`` (an embedding
   bias: needs ``num_postprocess_workers: 0``); ``seed``; completions' ``echo``; image parts for
   multimodal models. Not declared: ``tool_choice`` "required" or a named function (accepted, but no
   call is forced: a named function's unconstrained text is labelled as its arguments) and
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -123,22 +122,6 @@ class TrtllmServeBackend(OpenAICompatBackend):
             # trtllm-serve reads completions' ``logprobs`` as "if logprobs": 0 would give none at all.
             fields["logprobs"] = max(1, request.top_logprobs)
         return fields
-
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        chunks = super().generate(request)
-        # Its alternatives hold the sampled token beside the top ones: cut to what was asked.
-        return _top_cut(chunks, request.top_logprobs) if request.logprobs else chunks
-
-
-async def _top_cut(chunks: AsyncIterator[Chunk], top: int) -> AsyncIterator[Chunk]:
-    async with aclosing(chunks):  # type: ignore[type-var]  # an async generator, closable
-        async for chunk in chunks:
-            if chunk.logprobs and any(len(t.top) > top for t in chunk.logprobs):
-                cut = tuple(
-                    replace(t, top=tuple(sorted(t.top, key=lambda a: -a.logprob)[:top])) for t in chunk.logprobs
-                )
-                chunk = replace(chunk, logprobs=cut)
-            yield chunk
 
 
 TextOutput = Literal["whole", "cumulative", "per_token"]

@@ -7,18 +7,20 @@ against vLLM 0.32 on CPU, the engine ``make test`` runs). What each needs from t
   ``--enable-auto-tool-choice --tool-call-parser <parser>`` (hermes for the demo model); without the
   parser even a named ``tool_choice`` is a 400 ("requires --tool-call-parser to be set"). A deployment
   without them narrows the backend in config (``disable: [tools, tool_choice_required]``). Forced
-  calls are constrained decoding: the call's name is forced, but vLLM's hermes grammar does not hold
-  the arguments to the tool's schema (the demo model answered ``"arguments": "false"``).
+  calls are constrained decoding (the demo model calls get_weather even for "Hello"), but vLLM's
+  hermes grammar does not hold the arguments to the tool's schema (an earlier demo model answered
+  ``"arguments": "false"``).
 - ``parallel_tool_calls: false``: vLLM keeps only the first call of the answer.
 - ``json_object`` / ``json_schema``: vLLM's structured outputs. xgrammar's default allows any
-  whitespace between JSON tokens, and a small model can loop on it until ``max_tokens``: deployments
-  of small models start vLLM with ``--structured-outputs-config '{"backend": "xgrammar",
-  "disable_any_whitespace": true}'`` (a server setting: the per-request field is ignored).
+  whitespace between JSON tokens, and a small model can loop on it until ``max_tokens`` (an earlier
+  demo model did): such deployments start vLLM with ``--structured-outputs-config '{"backend":
+  "xgrammar", "disable_any_whitespace": true}'`` (a server setting: vLLM ignores the request field).
 - ``logprobs`` / ``top_logprobs`` (up to ``--max-logprobs``, 20 by default), penalties, ``logit_bias``,
   ``seed`` (reproducible run to run), ``echo`` (completions), ``n`` (native: usage comes once, summed).
 - images: ``image_url`` parts go as they are; vLLM answers them only for a multimodal model ("... is
   not a multimodal model" otherwise), which the model entry says.
-- Cached prompt tokens are reported only with ``--enable-prompt-tokens-details``.
+- Cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``) are reported only with
+  ``--enable-prompt-tokens-details``.
 
 Extras: vLLM's own sampling fields (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``...).
 ``include_stop_str_in_output: true`` keeps the stop string in the answer: the adapter then leaves

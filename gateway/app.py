@@ -21,13 +21,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import api_app
 from gateway.admin import routes as admin_routes
+from gateway.anthropic_api import MESSAGES
 from gateway.completions import serve
 from gateway.config import LoadedConfig
 from gateway.cors import Cors, is_preflight
 from gateway.engines import BackendFactory, build_backend
 from gateway.errors import ApiError, model_not_found
 from gateway.http_protocol import RECEIVED
+from gateway.responses_api import RESPONSES
 from gateway.state import AppState
 from gateway.streaming import ClientGone, Exchange
 from gateway.surfaces import CHAT, COMPLETIONS, Surface
@@ -97,6 +100,8 @@ class Gateway:
     async def _generation(self, scope: Scope, receive: Receive, send: Send, rid: str, surface: Surface) -> None:
         ex = Exchange(receive, send, rid)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
+            headers["authorization"] = "Bearer " + headers["x-api-key"]
         task = asyncio.current_task()
         if task is not None:
             self.live.add(task)
@@ -138,7 +143,12 @@ async def _shutdown_notice(ex: Exchange) -> None:
             await ex.abort(_SHUTTING_DOWN)
 
 
-GENERATION: dict[str, Surface] = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+GENERATION: dict[str, Surface] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETIONS,
+    "/v1/responses": RESPONSES,
+    "/v1/messages": MESSAGES,
+}
 """The generation routes and their front doors: requests to them take the hot path."""
 _NOTICE_S = 1.0
 _SHUTTING_DOWN = ApiError(
@@ -264,6 +274,8 @@ def _routes(state: AppState) -> list[Route]:
     return [
         Route("/v1/chat/completions", generation_method),
         Route("/v1/completions", generation_method),
+        Route("/v1/responses", generation_method),
+        Route("/v1/messages", generation_method),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -286,14 +298,16 @@ def from_environment() -> ASGIApp:
 def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:
     """The gateway for one config: everything it holds lives on this app (no global state)."""
     state = AppState(loaded, backend_factory)
-    app = Starlette(
-        routes=_routes(state),
+    app = api_app.build(  # FastAPI: routes and the OpenAPI document; generation skips it (Gateway)
+        _routes(state),
+        GENERATION,
         exception_handlers={
             ApiError: api_error,
             HTTPException: http_error,
             Exception: internal_error,
         },
         lifespan=_lifespan(state),
+        docs=state.config.server.docs,
     )
     app.state.enginegate = state
     return Gateway(state, app)

@@ -118,6 +118,10 @@ def efficiencies(loaded: LoadedConfig) -> dict[str, EngineEfficiency]:
     return table
 
 
+FORCED_CALL_PARSERS = ("hermes", "llama3_json")
+"""Tool-call formats an engine that takes text can be forced into (llama.cpp in process, by grammar)."""
+
+
 def capabilities(base: Capabilities, cfg: BackendConfig, model: ModelConfig) -> Capabilities:
     """What the backend honours: its adapter's declaration, adjusted by the backend's config, and
     limited by the model entry (images only for a model that takes them; tools in the prompt only
@@ -129,6 +133,8 @@ def capabilities(base: Capabilities, cfg: BackendConfig, model: ModelConfig) -> 
         features -= {IMAGES}
     if caps.tools_in_prompt and model.tool_parser is None:
         features -= {TOOLS, TOOL_CHOICE_REQUIRED, PARALLEL_TOOL_CALLS}
+    if caps.tools_in_prompt and model.tool_parser not in FORCED_CALL_PARSERS:
+        features -= {TOOL_CHOICE_REQUIRED}  # a forced call is a grammar of the model's call format
     return replace(caps, features=features, tool_parser=model.tool_parser)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +47,7 @@ def _explain(args: argparse.Namespace) -> int:
     """Where would this request go and why, against the config file (every backend healthy and idle)."""
     from gateway.catalog import model_specs, profile
     from gateway.catalog import rules as build_rules
+    from gateway.tenancy.rules import with_key_match
     from routing.explain import render
     from routing.policy import choose
     from routing.types import BackendState, FleetSnapshot, RequestFeatures
@@ -77,7 +79,8 @@ def _explain(args: argparse.Namespace) -> int:
         tenant=args.tenant,
         headers=tuple((k.lower(), v) for k, _, v in (h.partition("=") for h in args.header)),
     )
-    print(render(choose(features, snapshot, build_rules(loaded)), features, snapshot))
+    rules = with_key_match(build_rules(loaded), loaded.config.routing.rules)
+    print(render(choose(features, snapshot, rules), features, snapshot))
     return 0
 
 
@@ -143,6 +146,15 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listener(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -157,6 +169,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if args.workers < 1:
         print("--workers must be at least 1", file=sys.stderr)
+        return 1
+    if args.workers > 1 and loaded.config.auth.enabled and not loaded.config.redis.url:
+        print("warning: API key limits are counted per worker without redis.url", file=sys.stderr)
+    if args.workers > 1 and loaded.config.admin.port is not None:
+        print("admin.port is served by one process only: use --workers 1, or no admin.port", file=sys.stderr)
         return 1
     server = loaded.config.server
     raise_fd_limit(server.max_connections)  # before the workers start: they inherit it
@@ -181,8 +198,11 @@ def _serve(args: argparse.Namespace) -> int:
                 print(problem, file=sys.stderr)
             return 1
         # Loaded by the server (a factory), so the drain takes over uvicorn's signal handling.
-        runner = uvicorn.Server(uvicorn.Config(lambda: attach(app), factory=True, **options))
-        runner.run()
+        uv_config = uvicorn.Config(lambda: attach(app), factory=True, **options)
+        runner = uvicorn.Server(uv_config)
+        admin_port = loaded.config.admin.port
+        # admin.port: a second listener on the same server; the admin routes answer only there.
+        runner.run(sockets=[uv_config.bind_socket(), _listener(options["host"], admin_port)] if admin_port else None)
         return 0 if runner.started else 3
     # Several processes: each builds its own app from the environment, and metrics go through
     # prometheus-client's shared directory so that /metrics counts every worker's requests.

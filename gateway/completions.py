@@ -167,12 +167,15 @@ async def _serve(
     if key is not None and tenancy is not None:  # scope, limits and budget, before any backend is chosen
         spec = snapshot.models.get(gen.model)
         context = spec.context if spec is not None else None
-        feats = await tenancy.admit(key, feats, life, "x-priority" in headers, limits.max_tokens, context)
+        estimated = None if exact is not None else len(gen.messages or ((),))  # messages when counted roughly
+        feats = await tenancy.admit(key, feats, life, "x-priority" in headers, limits.max_tokens, context, estimated)
     decision = choose(feats, snapshot, rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(gen.model, decision, stream, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         raise _no_candidates(decision, gen.model, wanted, extras)
+    if key is not None and tenancy is not None:
+        tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     answer = surface.answer(asked, ex.request_id)
     routing = rt.config.routing
     deadlines = Deadlines(

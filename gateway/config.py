@@ -63,6 +63,9 @@ class ServerConfig(_Strict):
     balancers notice) before the listener closes."""
     shutdown_grace_s: float = Field(default=20.0, gt=0)
     """Then requests in flight get this long; streams still open get an error event and [DONE]."""
+    docs: bool = False
+    """Interactive API docs at ``/docs`` (Swagger UI served from the ``docs`` extra, never a CDN);
+    ``/openapi.json`` is always served."""
 
 
 class LimitsConfig(_Strict):
@@ -95,6 +98,12 @@ class ModelConfig(_Strict):
     """How the model writes tool calls in text: engines that take raw text (TGI native, Triton, MII
     REST, the in-process engines) serve ``tools`` for this model only with it; the gateway renders
     the tools with the chat template and parses the calls."""
+    kind: Literal["generate", "embed"] = "generate"
+    """What the model does: generate text (chat, completions, responses, messages) or embed it
+    (``/v1/embeddings``); each kind of request goes only to models of its kind."""
+    matryoshka: bool = False
+    """An embedding model whose vectors keep their meaning cut to their first ``dimensions`` (then
+    normalized again); without it ``dimensions`` other than the model's own size is refused."""
     price_per_mtok_in: float = Field(default=0.0, ge=0)
     """Dollars per million prompt tokens, charged to API keys' budgets (gateway/tenancy)."""
     price_per_mtok_out: float = Field(default=0.0, ge=0)

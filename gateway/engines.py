@@ -140,6 +140,6 @@ def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
             ) from exc
         return LlamaCppBackend(
             cfg.name, model.name, gguf, threads=cfg.threads, n_ctx=cfg.n_ctx, max_queue=cfg.max_queue,
-            ggufs=loaded.ggufs,
+            ggufs=loaded.ggufs, tool_parser=model.tool_parser or "hermes",
         )  # fmt: skip
     raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])

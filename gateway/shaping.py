@@ -43,9 +43,9 @@ def open_answer(backend: Backend, caps: Capabilities, request: GenerationRequest
 def _one(backend: Backend, caps: Capabilities, request: GenerationRequest, in_text: bool) -> AsyncIterator[Chunk]:
     stream = backend.generate(request)
     if in_text and caps.tool_parser is not None:
-        from backends.tool_calls import parser_for, with_tool_calls
+        from backends.tool_calls import with_tool_calls
 
-        return with_tool_calls(stream, parser_for(caps.tool_parser))
+        return with_tool_calls(stream, caps.tool_parser)
     return stream
 
 

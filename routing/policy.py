@@ -42,7 +42,7 @@ SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
 
-HOME_BOUND = 1.25
+HOME_BOUND = 1.1
 """A new conversation's home holds at most this multiple of the mean expected cache (bounded loads)."""
 
 
@@ -96,15 +96,18 @@ def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures
     preamble, its system prompt, that many conversations share), else the rendezvous home of its
     opening (system prompt and first user message), the same from every gateway replica.
 
-    Rendezvous with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018): a new conversation
-    skips, in its rendezvous order, backends whose expected cache holds more than ``HOME_BOUND``
-    times the candidates' mean, so homes stay within that of even however the hash falls. Once
-    caches are full everywhere (a busy fleet), none is skipped and every replica agrees.
+    Rendezvous with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018): a conversation skips,
+    in its rendezvous order, backends whose expected cache holds more than ``HOME_BOUND`` times the
+    candidates' mean, so homes stay within that of even however the hash falls. Once caches are
+    full everywhere (a busy fleet), none is skipped and every replica agrees.
     """
     beyond = max(matched.values()) - f.preamble_blocks
     if beyond > 0:
-        held = [s for s in alive if matched[s.name] - f.preamble_blocks == beyond]
-        return max(held, key=lambda s: _share(f.prefix_hash, s.name)).name
+        # Backends holding about as much of it as the best (up to a quarter less) are equals: after
+        # a failover, a long conversation goes back to its home rather than drifting to where the
+        # failover sent it (the predictions still move it when the difference costs real time).
+        least = beyond - beyond // 4
+        alive = [s for s in alive if matched[s.name] - f.preamble_blocks >= least]
     ranked = sorted(alive, key=lambda s: -_share(f.prefix_hash, s.name))
     tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]
     bound = HOME_BOUND * sum(tokens) / len(tokens)

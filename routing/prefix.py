@@ -36,6 +36,9 @@ OPENING_BYTES = 2048
 """A completion prompt's opening (its rendezvous key) is at most its first 2 KiB."""
 MIN_CAPACITY_TOKENS = 512
 """An engine's learned cache size never drops below this: one short prompt always fits."""
+REPORT_WEIGHT = 0.3
+"""How far one engine report of a missed block moves the expected cache size towards that block's age."""
+"""An engine's learned cache size never drops below this: one short prompt always fits."""
 
 
 def _key(crc: int, position: int) -> int:
@@ -154,9 +157,14 @@ class PrefixIndex:
         least that many tokens, one it had not that it keeps fewer."""
         if not ages or block_tokens <= 0:
             return
-        held = int(cached_tokens // block_tokens)
+        # One block of slack: tokens per block are the request's average, and a chat template's
+        # tokens sit between the messages, so the engine's count lands within a block of ours.
+        held = int(cached_tokens // block_tokens) + 1
         if held >= len(ages):
             self.capacity = min(self.ceiling, max(self.capacity, ages[-1] + block_tokens))
         else:
-            self.capacity = max(float(MIN_CAPACITY_TOKENS), min(self.capacity, ages[held]))
+            # Smoothed, not taken at once: engines also miss for reasons other than size (llama-server
+            # gives a slot to the most similar prompt, evicting one that had just been used).
+            shrunk = (1 - REPORT_WEIGHT) * self.capacity + REPORT_WEIGHT * ages[held]
+            self.capacity = max(float(MIN_CAPACITY_TOKENS), min(self.capacity, shrunk))
             self._evict()

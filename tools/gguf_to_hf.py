@@ -6,6 +6,11 @@ Writes ``config.json``, ``generation_config.json``, ``model.safetensors``,
 ``tokenizer.json`` (ids identical to llama.cpp's), ``tokenizer_config.json``
 with the chat template, and ``special_tokens_map.json``. No torch needed.
 
+Control tokens become special added tokens (skipped when decoding); user-defined
+ones (the demo model's ``<tool_call>`` and ``</tool_call>``) become added tokens
+that are not special, as llama.cpp prints them: vLLM's hermes tool parser needs
+each as one token in the text it parses.
+
 RoPE layout: GGUF keeps llama.cpp's rotation of adjacent pairs (x[2i], x[2i+1]);
 Hugging Face's llama rotates halves (x[i], x[i + d/2]). Rows of q and k are
 reordered per head so both compute the same attention.
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.gguf_file import GgufModel, read_gguf
+from backends.gguf_file import TOKEN_USER_DEFINED, GgufModel, Vocabulary, read_gguf
 from backends.hf_tokenizer import build_tokenizer
 
 
@@ -75,6 +80,18 @@ def hf_tensors(model: GgufModel, head_dim: int | None = None) -> dict[str, np.nd
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
+def tokenizer_json(vocab: Vocabulary) -> tuple[str, dict[str, dict[str, object]]]:
+    """``tokenizer.json``'s text, and its added tokens as ``tokenizer_config.json``'s
+    ``added_tokens_decoder`` lists them; user-defined tokens are not special."""
+    doc = json.loads(build_tokenizer(vocab).to_str())
+    decoder: dict[str, dict[str, object]] = {}
+    for added in doc["added_tokens"]:
+        if vocab.types[added["id"]] == TOKEN_USER_DEFINED:
+            added["special"] = False
+        decoder[str(added["id"])] = {k: v for k, v in added.items() if k != "id"}
+    return json.dumps(doc, ensure_ascii=False), decoder
+
+
 def export(gguf_path: Path, out: Path, head_dim: int | None = None) -> Path:
     from safetensors.numpy import save_file
 
@@ -109,7 +126,8 @@ def export(gguf_path: Path, out: Path, head_dim: int | None = None) -> Path:
     gen = {"bos_token_id": v.bos_id, "eos_token_id": eos, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     save_file(hf_tensors(model, hd), str(out / "model.safetensors"), metadata={"format": "pt"})
-    build_tokenizer(v).save(str(out / "tokenizer.json"))
+    tokenizer, added = tokenizer_json(v)
+    (out / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
 
     def name(i: int | None) -> str | None:
         return v.tokens[i] if i is not None else None
@@ -122,6 +140,7 @@ def export(gguf_path: Path, out: Path, head_dim: int | None = None) -> Path:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "chat_template": v.chat_template,
+        "added_tokens_decoder": added,
         **specials,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")

@@ -92,6 +92,24 @@ def _rate(ask: Ask, model: str, text: str, kind: str, retry: float | None) -> Ap
     )  # fmt: skip
 
 
+def fair_share(key_id: str, model: str) -> ApiError:
+    return ApiError(
+        429,
+        f"Backends serving {model} are saturated and the key {key_id} holds more than its fair share of them;"
+        " other keys' requests go first. Please try again shortly.",
+        type="requests",
+        code="rate_limit_exceeded",
+        retry_after=1.0,
+    )
+
+
+STORE_DOWN = ApiError(
+    503,
+    "API keys cannot be checked right now; retry the request.",
+    type="api_error",
+    code="key_store_unavailable",
+    retry_after=1.0,
+)
 LIMITER_DOWN = ApiError(
     503,
     "Rate limits cannot be checked right now; retry the request.",

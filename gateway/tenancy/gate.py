@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -23,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.base import Usage
 from gateway.tenancy import answers
+from gateway.tenancy.fairness import FairShare
 from gateway.tenancy.keys import KeyRecord, key_id_of, looks_like_key
 from gateway.tenancy.limiter import NANOS_PER_USD, Ask, Limiter, LocalLimiter, Verdict
 from gateway.tenancy.metrics import TenancyMetrics
@@ -30,7 +33,7 @@ from gateway.tenancy.pricing import FREE, Price, day_of, period_of, usd
 from gateway.tenancy.redis_limiter import LimiterDown, RedisLimiter
 from gateway.tenancy.settings import AuthConfig, DeclaredKey, RedisConfig
 from gateway.tenancy.store import KeyStore, UsageRow, open_store
-from routing.types import RequestFeatures
+from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig, LoadedConfig
@@ -40,6 +43,17 @@ log = logging.getLogger("enginegate.tenancy")
 
 _NEGATIVE_CACHE = 10_000
 """Unknown key ids remembered (so guessing does not reach the database each time), at most."""
+
+
+ESTIMATE_FACTOR = 2
+TEMPLATE_TOKENS = 8
+
+
+def reserved_prompt(estimate: int, messages: int) -> int:
+    """What to reserve for a prompt counted from its length (about four characters a token): twice
+    that, plus the chat template's tokens around each message, so that the engine's real count
+    (settled later) stays within the reservation and no budget is overspent by a short estimate."""
+    return ESTIMATE_FACTOR * estimate + TEMPLATE_TOKENS * messages
 
 
 @dataclass(slots=True)
@@ -59,6 +73,7 @@ class Admission:
     verdict: Verdict
     price: Price
     model: str
+    priority: int = 0
 
 
 def _declared(k: DeclaredKey) -> KeyRecord:
@@ -91,11 +106,18 @@ class Tenancy:
             )
         else:
             self.limiter = LocalLimiter()
+        self.local = self.limiter if isinstance(self.limiter, LocalLimiter) else self.limiter.local
+        """The in-process counters (alone, or Redis's fallback): settled at once, without a task."""
         self.store: KeyStore | None = None
         self._cache: dict[str, _Cached] = {}
         self._usage: dict[tuple[str, str, str], list[float]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self.fair = FairShare()
+        # Names of requests in the shared counters: unique across replicas and restarts (a client's
+        # x-request-id is not: two requests named alike would count once).
+        self._boot = secrets.token_hex(6)
+        self._sequence = itertools.count()
 
     @property
     def dsn(self) -> str:
@@ -154,7 +176,16 @@ class Tenancy:
         cached = self._cache.get(key_id)
         if cached is not None and cached.until > time.monotonic():
             return cached.record
-        return (await self._load(key_id)).record
+        try:
+            return (await self._load(key_id)).record
+        except Exception as exc:  # the database is unreachable (or failing): keys read before still count
+            log.warning("key store unavailable (%s); %s", type(exc).__name__,
+                        "using the key as last read" if cached is not None else "refusing the request")  # fmt: skip
+            if cached is None:
+                self.metrics.refused("store_down")
+                raise answers.STORE_DOWN from None
+            cached.until = time.monotonic() + self.auth.cache_s
+            return cached.record
 
     async def _load(self, key_id: str) -> _Cached:
         assert self.store is not None
@@ -179,34 +210,38 @@ class Tenancy:
         explicit_priority: bool,
         max_tokens_cap: int,
         context: int | None,
+        estimated: int | None = None,
     ) -> RequestFeatures:
         """Admit the request or raise its refusal; returns the features routing should see (the key's
         priority class, id and team). The reservation is the prompt plus the most the request may
-        generate: its ``max_tokens``, else the gateway's cap (``limits.max_tokens``) within the context."""
+        generate: its ``max_tokens``, else the gateway's cap (``limits.max_tokens``) within the context.
+        ``estimated``: the prompt's message count when its tokens are an estimate from its length
+        (no tokenizer for the model), else None (counted exactly)."""
         model = features.model
         life.key_id = record.id
-        if features.max_tokens is not None:
-            max_out = features.max_tokens
-        else:
-            max_out = max(1, min(max_tokens_cap, (context or max_tokens_cap) - features.prompt_tokens))
         if not record.allows(model):
             self.metrics.refused("model_not_allowed")
             raise answers.not_allowed(record.id, model)
         now = time.time()
         price = self.prices.get(model, FREE)
-        tokens = features.prompt_tokens + max_out
+        prompt = features.prompt_tokens if estimated is None else reserved_prompt(features.prompt_tokens, estimated)
+        if features.max_tokens is not None:
+            max_out = features.max_tokens
+        else:  # the engine stops at its context: prompt and answer together fit in it
+            max_out = max(1, min(max_tokens_cap, (context or (prompt + max_tokens_cap)) - prompt))
+        tokens = prompt + max_out
         period, ttl, _ = period_of(record.budget_period, now)
         cached = self._cache.get(record.id)
         spent = cached.spent_nanos if cached is not None and cached.period == period else 0
         ask = Ask(
             key=record.id,
-            member=f"{life.ex.request_id}:{id(life):x}",
+            member=f"{self._boot}:{next(self._sequence):x}",
             rpm=record.rpm,
             tpm=record.tpm,
             concurrency=record.concurrency,
             tokens=tokens,
             budget_nanos=round(record.budget_usd * NANOS_PER_USD),
-            cost_nanos=price.nanos(features.prompt_tokens, max_out),
+            cost_nanos=price.nanos(prompt, max_out),
             period=period,
             period_ttl_s=ttl,
             spent_nanos=spent,
@@ -224,16 +259,27 @@ class Tenancy:
             self.metrics.refused(verdict.refused or "requests")
             raise answers.refused(ask, verdict, model)
         self.metrics.admitted(record.team)
-        admission = Admission(record, ask, verdict, price, model)
-        life.on_end = lambda usage, committed: self.ended(admission, usage, committed)
         cap = self.auth.priority_classes.get(record.priority, 0)
         priority = min(features.priority, cap) if explicit_priority else cap
+        admission = Admission(record, ask, verdict, price, model, priority)
+        self.fair.start(priority, record.id, ask.tokens)
+        life.on_end = lambda usage, committed: self.ended(admission, usage, committed)
         return replace(features, priority=priority, key=record.id, team=record.team or None)
+
+    def fair_share(self, features: RequestFeatures, decision: Decision) -> None:
+        """After routing: refuse the request of a key past its fair share of its class when the chosen
+        backend is saturated (``gateway/tenancy/fairness.py``)."""
+        if not decision.candidates or decision.candidates[0].prediction.queue_ms <= 0 or features.key is None:
+            return
+        if self.fair.over(features.priority, features.key):
+            self.metrics.refused("fair_share")
+            raise answers.fair_share(features.key, features.model)
 
     # What they used.
     def ended(self, admission: Admission, usage: Usage | None, committed: bool) -> float:
         """The request's end: settle its reservation, add its usage; returns its cost in dollars."""
         ask = admission.ask
+        self.fair.end(admission.priority, ask.key, ask.tokens)
         if usage is not None:
             tokens, cost = usage.total_tokens, admission.price.of(usage)
             prompt, completion, cached = usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens or 0
@@ -242,9 +288,12 @@ class Tenancy:
             prompt, completion, cached = 0, 0, 0
         else:
             tokens = cost = prompt = completion = cached = 0
-        task = asyncio.get_running_loop().create_task(self.limiter.settle(ask, tokens, cost, admission.verdict.local))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if admission.verdict.local:
+            self.local.settle_now(ask, tokens, cost)
+        else:
+            task = asyncio.get_running_loop().create_task(self.limiter.settle(ask, tokens, cost))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         spent = usd(cost)
         row = self._usage.setdefault((ask.key, day_of(time.time()), admission.model), [0, 0, 0, 0, 0.0])
         row[0] += 1

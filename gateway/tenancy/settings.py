@@ -85,6 +85,7 @@ class RedisConfig(_Strict):
     on_error: Literal["open", "closed"] = "open"
     """Redis unreachable: ``open`` keeps serving with this process's own counters (limits then hold
     per replica, not across them; a warning is logged and counted), ``closed`` answers 503."""
-    timeout_s: float = Field(default=0.25, gt=0, le=10)
+    timeout_s: float = Field(default=1.0, gt=0, le=10)
+    """Longest wait for one Redis call (connecting included) before the fail mode applies."""
     retry_s: float = Field(default=1.0, gt=0, le=60)
     """After a failure Redis is tried again this much later (requests meanwhile use the fail mode)."""

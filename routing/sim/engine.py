@@ -10,6 +10,11 @@ prompt and whole answer (reserved up front: no preemption, which keeps the model
 simple and only errs on the side of queueing). Taking a backend down fails what
 it holds.
 
+Prefix cache: requests that carry prompt blocks find the longest run of leading
+blocks the instance holds (an LRU bounded by its KV capacity in tokens, the same
+structure as the gateway's own estimate, ``routing.prefix.PrefixIndex``) and
+prefill only the rest; their blocks join the cache at admission.
+
 Cost per step is O(log n) in the batch: decoding sequences wait in a heap keyed by
 the step they finish at, and the batch's total context grows by the batch size
 each step, so nothing walks the whole batch.
@@ -22,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
+from routing.prefix import PrefixIndex
 from routing.sim.calibration import PERF, EnginePerf, family_for_engine, step_ms
 from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, ModelSpec
@@ -47,6 +53,14 @@ class Job:
     finish_step: int = 0
     predicted_ttft_ms: float | None = None
     prior_ttft_ms: float | None = None
+    cached_tokens: int = 0
+    """Prompt tokens the engine found in its prefix cache (known at admission)."""
+    expected_cached: int = 0
+    """Prompt tokens the router expected its backend to hold (set by the policy that placed it)."""
+    backlog_tokens: int = 0
+    """Prompt tokens the router counted as waiting for prefill on its backend."""
+    ages: list[float] = field(default_factory=list)
+    """What the router expected cached, as block ages (``PrefixIndex.ages``), to judge the engine's report."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -83,6 +97,7 @@ class SimEngine:
         self.max_batch = profile.max_concurrency
         free = profile.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
         self.kv_tokens = max(0, int(free / model.kv_bytes_per_token))
+        self.cache = PrefixIndex(self.kv_tokens)
         self.up = True
         self.waiting: deque[Job] = deque()
         self.prefilling: list[Job] = []
@@ -99,6 +114,11 @@ class SimEngine:
     @property
     def running(self) -> int:
         return len(self.prefilling) + len(self._decoding)
+
+    @property
+    def kv_usage(self) -> float:
+        """Share of the KV cache the running sequences reserve (what engines report as usage)."""
+        return self._kv_used / self.kv_tokens if self.kv_tokens else 1.0
 
     def fits(self, job: Job) -> bool:
         """Whether the KV cache could ever hold this request (else it can only fail here)."""
@@ -120,7 +140,11 @@ class SimEngine:
                 break
             self.waiting.popleft()
             self._kv_used += self._need(job)
-            job.prefill_left = job.request.prompt_tokens
+            r = job.request
+            if r.blocks:
+                job.cached_tokens = min(r.prompt_tokens - 1, self.cache.match(r.blocks) * r.block_tokens)
+                self.cache.add(r.blocks, r.block_tokens)
+            job.prefill_left = r.prompt_tokens - job.cached_tokens
             self.prefilling.append(job)
         if not self.prefilling and not self._decoding:
             self.stepping = False
@@ -188,6 +212,7 @@ class SimEngine:
         self._planned = []
         self._ctx = 0
         self._kv_used = 0
+        self.cache = PrefixIndex(self.kv_tokens)  # a restarted engine starts cold
         self.up = False
         self.stepping = False
         return lost

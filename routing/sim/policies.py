@@ -11,11 +11,18 @@ the last poll. Baselines follow their projects' documentation:
 - ``latency``: lowest average of the last ten observed latencies, untried backends
   first (LiteLLM ``latency-based-routing``: time to first token for streamed
   requests, else response time per completion token).
-- ``static``: the usual engine decision tree, round-robin inside the chosen group:
-  big models to multi-GPU backends, tight first-token budgets to TensorRT-LLM, other
-  interactive and bounded work to vLLM, batch work to the cheapest backends (CPU).
+- ``static``: a strawman, kept to show what a hand-written engine table costs: the usual
+  engine decision tree, round-robin inside the chosen group: big models to multi-GPU
+  backends, tight first-token budgets to TensorRT-LLM, other interactive and bounded work
+  to vLLM, batch work to the cheapest backends (CPU). No serious router works this way.
 - ``enginegate``: ``routing.policy.choose`` on a snapshot built the way the gateway's
-  fleet builds it, learning from completed requests through ``routing.estimator.observe``.
+  fleet builds it (its own prefix index per backend included), learning from completed
+  requests through ``routing.estimator.observe`` and from the engines' cached-token counts.
+  ``enginegate_2x`` is two independent replicas of it (each with its own index and view of
+  the fleet's requests), requests split between them at random: how much a prefix scatters.
+
+The strong peers (power of two choices, join-shortest-queue normalised by capacity and KV,
+llm-d's scorer and its SLO variant, SGLang's cache-aware router) are in ``routing.sim.peers``.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from routing import load
-from routing.estimator import observe
+from routing.estimator import kv_capacity_tokens, observe
 from routing.policy import choose
+from routing.prefix import PrefixIndex
 from routing.sim.engine import Job, SimEngine
 from routing.types import BackendState, FleetSnapshot, ModelSpec, Observed, Reason, RequestFeatures, Rules
 
@@ -49,6 +57,8 @@ class BackendView:
     in_flight_at_poll: int = 0
     prefill_backlog: int = 0
     """Prompt tokens of this router's requests there that have no first token yet."""
+    polled_kv: float = 0.0
+    """KV-cache usage the engine reported at the last poll, 0..1."""
     ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     per_token: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     observed: Observed = field(default_factory=Observed)
@@ -164,21 +174,36 @@ class StaticTable:
 class Enginegate:
     name = "enginegate"
 
-    def __init__(self, rules: Rules, models: dict[str, ModelSpec]) -> None:
+    def __init__(self, rules: Rules, models: dict[str, ModelSpec], replicas: int = 1, seed: int = 0) -> None:
         self._rules = rules
         self._models = models
+        self._indexes: list[dict[str, PrefixIndex]] = [{} for _ in range(replicas)]
+        self._rng = random.Random(seed ^ 0x2E91)
+        self._replica_of: dict[int, int] = {}
+        if replicas > 1:
+            self.name = f"enginegate_{replicas}x"
 
-    def state(self, v: BackendView) -> BackendState:
+    def _index(self, replica: int, v: BackendView) -> PrefixIndex:
+        indexes = self._indexes[replica]
+        index = indexes.get(v.name)
+        if index is None:
+            index = indexes[v.name] = PrefixIndex(kv_capacity_tokens(v.engine.model, v.engine.profile))
+        return index
+
+    def state(self, v: BackendView, index: PrefixIndex | None = None) -> BackendState:
         p = v.engine.profile
         polled_running, polled_waiting = v.polled if v.polled is not None else (None, None)
         running, waiting = load.current(polled_running, polled_waiting, v.in_flight_at_poll, v.in_flight,
                                         p.max_concurrency)  # fmt: skip
         return BackendState(
-            profile=p, running=running, waiting=waiting, prefill_backlog_tokens=v.prefill_backlog, observed=v.observed
-        )
+            profile=p, running=running, waiting=waiting, prefill_backlog_tokens=v.prefill_backlog, observed=v.observed,
+            prefix=index,
+        )  # fmt: skip
 
     def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView | None:
         r = job.request
+        replica = self._rng.randrange(len(self._indexes))
+        self._replica_of[id(job)] = replica
         features = RequestFeatures(
             model=job.model,
             prompt_tokens=r.prompt_tokens,
@@ -186,15 +211,24 @@ class Enginegate:
             stream=r.ttft_budget_ms is not None,
             latency_budget_ms=r.latency_budget_ms,
             ttft_budget_ms=r.ttft_budget_ms,
-            prefix_hash=r.id,
+            prefix_hash=r.key,
+            prefix_blocks=r.blocks,
+            block_tokens=float(r.block_tokens),
+            preamble_blocks=r.preamble_blocks,
         )
-        snapshot = FleetSnapshot(tuple(self.state(v) for v in views), self._models)
+        indexes = {v.name: self._index(replica, v) for v in views} if r.blocks else {}
+        snapshot = FleetSnapshot(tuple(self.state(v, indexes.get(v.name)) for v in views), self._models)
         decision = choose(features, snapshot, self._rules)
         if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
             return None  # the gateway answers 429 (strict mode) rather than queue hopeless work
         first = decision.candidates[0]
         job.predicted_ttft_ms = first.prediction.ttft_ms
         job.prior_ttft_ms = first.prediction.prior_ttft_ms
+        if r.blocks:
+            index = indexes[first.backend]
+            job.expected_cached = first.prediction.cached_tokens
+            job.ages = index.ages(r.blocks, min(len(r.blocks), job.expected_cached // r.block_tokens))
+            index.add(r.blocks, r.block_tokens)
         return next(v for v in views if v.name == first.backend)
 
     def finished(self, job: Job, view: BackendView) -> None:
@@ -205,7 +239,15 @@ class Enginegate:
         tpot_ms = (e2e - ttft) * 1000 / (out - 1) if out > 1 else None
         prior = job.prior_ttft_ms if job.prior_ttft_ms is not None else ttft * 1000
         view.observed = observe(view.observed, prior, ttft * 1000, tpot_ms)
+        replica = self._replica_of.pop(id(job), 0)
+        if job.request.blocks:  # engines report what they reused (usage.prompt_tokens_details.cached_tokens)
+            self._index(replica, view).reported(job.ages, job.cached_tokens, job.request.block_tokens)
 
 
 def all_policies(rules: Rules, models: dict[str, ModelSpec], seed: int) -> list[Policy]:
-    return [RoundRobin(), Random(seed), LeastBusy(seed), LowestLatency(seed), StaticTable(), Enginegate(rules, models)]
+    from routing.sim.peers import strong_peers
+
+    return [
+        RoundRobin(), Random(seed), LeastBusy(seed), LowestLatency(seed), StaticTable(),
+        *strong_peers(seed), Enginegate(rules, models), Enginegate(rules, models, replicas=2, seed=seed),
+    ]  # fmt: skip

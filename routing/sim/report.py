@@ -18,7 +18,7 @@ class Point:
 
 
 COLUMNS = (
-    "load", "policy", "within budget", "goodput req/s", "p50 TTFT s", "p99 TTFT s", "p50 e2e s", "p99 e2e s",
+    "load", "policy", "within budget", "cache hits", "goodput req/s", "p50 TTFT s", "p99 TTFT s", "p50 e2e s", "p99 e2e s",
     "failed", "busy GPU $", "fleet $", "busiest backend",
 )  # fmt: skip
 
@@ -30,6 +30,7 @@ def row(point: Point) -> list[str]:
         f"{point.load:.0%}",
         r.policy,
         f"{r.attainment:.1%}",
+        f"{r.cache_hit_rate:.1%}",
         f"{r.goodput:.2f}",
         f"{r.percentile('ttft', 0.5):.2f}",
         f"{r.percentile('ttft', 0.99):.1f}",

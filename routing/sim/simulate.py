@@ -75,6 +75,13 @@ class Result:
         return sum(j.within_budget for j in jobs) / len(jobs) if jobs else float("nan")
 
     @property
+    def cache_hit_rate(self) -> float:
+        """Share of prompt tokens of the answered requests that engines found in their prefix caches."""
+        answered = [j for j in self.jobs if j.first_token_s is not None]
+        total = sum(j.request.prompt_tokens for j in answered)
+        return sum(j.cached_tokens for j in answered) / total if total else 0.0
+
+    @property
     def goodput(self) -> float:
         """Requests answered within budget per second."""
         return sum(j.within_budget for j in self.jobs) / self.span_s
@@ -145,12 +152,14 @@ def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[s
 
     def dispatch(job: Job, now: float) -> None:
         candidates = [v for v in by_model.get(job.model, ()) if v.engine.up and v.engine.fits(job)]
+        job.expected_cached = 0
         choice = policy.pick(job, candidates) if candidates else None
         if choice is None:
             job.rejected = True
             return
         choice.in_flight += 1
-        choice.prefill_backlog += job.request.prompt_tokens
+        job.backlog_tokens = job.request.prompt_tokens - job.expected_cached
+        choice.prefill_backlog += job.backlog_tokens
         choice.engine.submit(job)
         kick(choice.engine, now)
 
@@ -174,7 +183,7 @@ def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[s
             result = engine.end_step(now, duration)
             view = views[engine.name]
             for job in result.first_tokens:
-                view.prefill_backlog -= job.request.prompt_tokens
+                view.prefill_backlog -= job.backlog_tokens
             for job in result.finished:
                 view.in_flight -= 1
                 policy.finished(job, view)
@@ -183,6 +192,7 @@ def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[s
         elif kind == _POLL:
             for v in views.values():
                 v.polled = (v.engine.running, len(v.engine.waiting)) if v.engine.up else None
+                v.polled_kv = v.engine.kv_usage if v.engine.up else 1.0
                 v.in_flight_at_poll = v.in_flight
             if now < end:
                 schedule(now + fleet.poll_s, _POLL, None)
@@ -208,7 +218,7 @@ def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[s
     )
 
 
-def backend_capacity_rps(engine: SimEngine, prompt: float, out: float) -> float:
+def backend_capacity_rps(engine: SimEngine, prompt: float, out: float, prefill_share: float = 1.0) -> float:
     """Requests per second one backend sustains at best on requests of these mean sizes.
 
     In a steady state at batch B every step decodes B tokens and prefills B x prompt / out prompt
@@ -219,6 +229,7 @@ def backend_capacity_rps(engine: SimEngine, prompt: float, out: float) -> float:
     limit = max(1, min(engine.max_batch, int(engine.kv_tokens / (prompt + out))))
     best = 0.0
     batch = 1
+    prompt = prompt * prefill_share  # cached tokens still take KV (the limit above), not prefill
     while True:
         prefill = min(PREFILL_CHUNK_TOKENS, batch * prompt / out)
         ms = step_ms(
@@ -231,16 +242,21 @@ def backend_capacity_rps(engine: SimEngine, prompt: float, out: float) -> float:
         batch = min(limit, batch * 2)
 
 
-def capacity_rps(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[str]) -> float:
+def capacity_rps(
+    fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[str], prefill_share: float = 1.0
+) -> float:
     """The request rate at which this fleet saturates on this workload (an estimate): per model, the
     sum of its backends' capacities on the model's mean request; the fleet's, the smallest ratio of a
-    model's capacity to its share of the requests."""
+    model's capacity to its share of the requests. ``prefill_share``: the share of prompt tokens
+    that must be prefilled (1 - what caches reuse)."""
     total = len(requests)
     fleet_capacity = float("inf")
     for model in sorted(set(models)):
         mine = [r for r, m in zip(requests, models, strict=True) if m == model]
         prompt = sum(r.prompt_tokens for r in mine) / len(mine)
         out = sum(r.output_tokens for r in mine) / len(mine)
-        capacity = sum(backend_capacity_rps(e, prompt, out) for e in fleet.engines() if e.model.name == model)
+        capacity = sum(
+            backend_capacity_rps(e, prompt, out, prefill_share) for e in fleet.engines() if e.model.name == model
+        )
         fleet_capacity = min(fleet_capacity, capacity / (len(mine) / total))
     return fleet_capacity

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from routing.sim.policies import Policy, all_policies
 from routing.sim.report import Point
 from routing.sim.simulate import SimFleet, assign_models, capacity_rps, simulate
-from routing.sim.workload import DEFAULT_MIX, BudgetMix, TraceRow, build_workload, mean_rate
+from routing.sim.workload import DEFAULT_MIX, BudgetMix, TraceRow, build_workload, ideal_reuse, mean_rate
 
 
 def parse_shares(text: str) -> list[tuple[str, float]]:
@@ -45,14 +45,18 @@ def sweep(
     """(the fleet's estimated capacity in requests/s, a point per load and policy).
 
     Offered load 1.0 replays the trace at the rate the fleet is estimated to saturate at
-    (``capacity_rps``); every policy replays the very same requests.
+    (``capacity_rps``, with the prefill an ideal cache leaves); every policy replays the very same
+    requests.
     """
     unknown = sorted({m for m, _ in model_shares} - set(fleet.models))
     if unknown:
         raise ValueError(f"models not in the fleet: {', '.join(unknown)}")
     make = policies or (lambda: all_policies(fleet.rules, fleet.models, seed))
     base = build_workload(rows, mix=mix, seed=seed)
-    capacity = capacity_rps(fleet, base, assign_models(base, model_shares, seed))
+    # Load is relative to the capacity with every reusable prefix reused (the ideal cache): a
+    # workload whose prompts repeat can be served faster, and a share of the uncached capacity
+    # would leave every router idle.
+    capacity = capacity_rps(fleet, base, assign_models(base, model_shares, seed), 1 - ideal_reuse(rows))
     trace_rate = mean_rate(rows)
     points = []
     for load in loads:

@@ -11,6 +11,12 @@ Trace formats, chosen by extension and header:
 - Generic CSV: ``arrival_s,prompt_tokens,output_tokens`` (or ``timestamp`` in seconds instead of
   ``arrival_s``).
 - JSONL (``.jsonl``/``.ndjson``): one object per line with the generic CSV's keys.
+- Mooncake (FAST'25) JSONL: ``timestamp`` (milliseconds), ``input_length``, ``output_length`` and
+  ``hash_ids``, the prompt's 512-token blocks (a block's id stands for the whole prefix up to it).
+
+Requests may carry prompt blocks (``SimRequest.blocks``): the simulated engines keep them in a
+prefix cache and skip the cached ones at prefill. Mooncake's trace has them; ``chat_sessions``
+makes a multi-turn chat workload with shared system prompts on a trace's arrivals.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import math
 import random
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import accumulate
 from pathlib import Path
@@ -43,6 +49,13 @@ class TraceRow:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    blocks: tuple[int, ...] = ()
+    """Ids of the prompt's leading blocks of ``block_tokens`` tokens (chained: an id names its prefix)."""
+    block_tokens: int = 0
+    preamble_blocks: int = 0
+    """Leading blocks many requests share (a system prompt)."""
+    key: int = 0
+    """What names the conversation (its opening), for rendezvous hashing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +69,10 @@ class SimRequest:
     klass: str
     ttft_budget_ms: float | None
     latency_budget_ms: float | None
+    blocks: tuple[int, ...] = ()
+    block_tokens: int = 0
+    preamble_blocks: int = 0
+    key: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +168,8 @@ def load_trace(path: str | Path) -> list[TraceRow]:
     naming ``FILE:LINE`` for rows that cannot be read.
     """
     path = Path(path)
+    if _is_mooncake(path):
+        return load_mooncake(path)
     with path.open(encoding="utf-8-sig", newline="") as f:
         raw = list(_jsonl_rows(path, f) if _is_jsonl(path) else _csv_rows(path, f))
     if not raw:
@@ -202,6 +221,10 @@ def build_workload(
                 klass=klass.name,
                 ttft_budget_ms=klass.ttft_budget_ms,
                 latency_budget_ms=klass.latency_budget_ms,
+                blocks=row.blocks,
+                block_tokens=row.block_tokens,
+                preamble_blocks=row.preamble_blocks,
+                key=row.key if row.blocks else len(requests),
             )
         )
     return requests
@@ -318,3 +341,139 @@ def _jsonl_rows(path: Path, lines: Iterable[str]) -> Iterator[_Raw]:
             yield _row(obj[time_key], obj["prompt_tokens"], obj["output_tokens"])
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"{path}:{number}: {e}") from None
+
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` block in Mooncake's traces."""
+
+
+def _is_mooncake(path: Path) -> bool:
+    if not _is_jsonl(path):
+        return False
+    with path.open(encoding="utf-8-sig") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and "hash_ids" in obj and "input_length" in obj
+
+
+def load_mooncake(path: str | Path) -> list[TraceRow]:
+    """Mooncake's JSONL: ``timestamp`` in milliseconds, ``input_length``, ``output_length`` and
+    ``hash_ids`` (the prompt's 512-token blocks). The first block is taken as the shared preamble
+    and names the request's group for rendezvous hashing (Mooncake's ids carry no roles)."""
+    path = Path(path)
+    rows: list[TraceRow] = []
+    with path.open(encoding="utf-8-sig") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                ids = obj["hash_ids"]
+                if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                    raise ValueError("hash_ids must be a list of integers")
+                stamp = obj["timestamp"]
+                if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+                    raise ValueError(f"timestamp {stamp!r} is not a number of milliseconds")
+                prompt = _count(obj["input_length"], "input_length")
+                output = max(1, _count(obj["output_length"], "output_length"))
+            except KeyError as e:
+                raise ValueError(f"{path}:{number}: missing {e.args[0]}") from None
+            except ValueError as e:
+                raise ValueError(f"{path}:{number}: {e}") from None
+            full = tuple(ids[: prompt // MOONCAKE_BLOCK_TOKENS])  # a partial last block is never cached
+            rows.append(
+                TraceRow(
+                    stamp / 1000, prompt, output, full, MOONCAKE_BLOCK_TOKENS, min(1, len(full)), ids[0] if ids else 0
+                )
+            )
+    if not rows:
+        raise ValueError(f"{path}: no requests")
+    rows.sort(key=lambda r: r.arrival_s)
+    start = rows[0].arrival_s
+    return [replace(r, arrival_s=r.arrival_s - start) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatShape:
+    """How ``chat_sessions`` turns a trace's arrivals into conversations."""
+
+    systems: int = 8
+    """Distinct system prompts (apps), chosen with Zipf-like popularity (the first is the most used)."""
+    system_tokens: tuple[int, int] = (400, 2000)
+    new_share: float = 0.3
+    """Share of arrivals that open a conversation; the others are a waiting conversation's next turn."""
+    think_s: tuple[float, float] = (5.0, 300.0)
+    """A conversation takes its next turn this long after its last one at the soonest and latest."""
+    turn_share: float = 0.25
+    """A follow-up message is this share of the traced prompt's tokens (the history makes the rest)."""
+    max_context: int = 16000
+    block_tokens: int = 64
+
+
+def chat_sessions(rows: Sequence[TraceRow], shape: ChatShape = ChatShape(), seed: int = 0) -> list[TraceRow]:
+    """Multi-turn conversations with shared system prompts on the arrivals of ``rows``.
+
+    Each arrival either opens a conversation (a system prompt, then a first message making up the
+    traced prompt length) or is the next turn of a conversation idle for ``think_s`` (its prompt: the
+    last prompt, the answer it got, and a new message). Output lengths are the trace's. Blocks are
+    ``block_tokens`` long; the engines cache prompts (not answers), so a turn reuses at most the
+    previous prompt.
+    """
+    rng = random.Random(seed ^ 0xC4A7)
+    bt = shape.block_tokens
+    next_id = 0
+
+    def fresh(n: int) -> list[int]:
+        nonlocal next_id
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        return ids
+
+    low, high = shape.system_tokens
+    system_len = [rng.randint(low, high) // bt * bt for _ in range(shape.systems)]
+    system_ids = [fresh(n // bt) for n in system_len]
+    popularity = [1 / (k + 1) for k in range(shape.systems)]
+    # (last arrival, prompt tokens, last output, block ids, system, conversation key)
+    open_: list[tuple[float, int, int, list[int], int, int]] = []
+    out: list[TraceRow] = []
+    for row in sorted(rows, key=lambda r: r.arrival_s):
+        now = row.arrival_s
+        open_ = [c for c in open_ if now - c[0] <= shape.think_s[1]]
+        ready = [i for i, c in enumerate(open_) if now - c[0] >= shape.think_s[0]]
+        turn = None
+        if ready and rng.random() >= shape.new_share:
+            i = rng.choice(ready)
+            _, tokens, answer, ids, system, key = open_[i]
+            grown = tokens + answer + max(16, int(row.prompt_tokens * shape.turn_share))
+            if grown <= shape.max_context:
+                turn = (grown, ids, system, key)
+                open_.pop(i)
+        if turn is None:
+            system = rng.choices(range(shape.systems), popularity)[0]
+            tokens = min(shape.max_context, system_len[system] + max(16, row.prompt_tokens - system_len[system]))
+            turn = (tokens, list(system_ids[system]), system, next_id)
+        tokens, ids, system, key = turn
+        ids = ids + fresh(tokens // bt - len(ids))
+        out.append(TraceRow(now, tokens, row.output_tokens, tuple(ids), bt, system_len[system] // bt, key))
+        open_.append((now, tokens, row.output_tokens, ids, system, key))
+    return out
+
+
+def ideal_reuse(rows: Sequence[TraceRow]) -> float:
+    """Share of prompt tokens in blocks an earlier request already had: what one infinite cache
+    would reuse (the ceiling for any placement)."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in rows:
+        n = 0
+        for block in r.blocks:
+            if block not in seen:
+                break
+            n += 1
+        hit += min(n * r.block_tokens, r.prompt_tokens)
+        total += r.prompt_tokens
+        seen.update(r.blocks)
+    return hit / total if total else 0.0

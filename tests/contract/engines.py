@@ -66,6 +66,7 @@ def vllm_server(workdir: Path) -> Iterator[str]:
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", SERVED, "--enforce-eager", "--dtype", "float32",
         "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",  # the demo model's <tool_call> answers
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     with _process(cmd, workdir / "vllm.log", f"http://127.0.0.1:{port}", "/health", 600, env) as base:

@@ -43,6 +43,12 @@ FakeControl faults: REST ``internal``: 500 ``{"message": "Internal Server Error"
   ``healthy=False`` and, for REST, ``loading=True``: MII's health routes do not probe the model server,
   so they still answer ok while every generation fails as above (model server down or
   still loading). ``loading`` is not modelled on the OpenAI server (it only listens once loaded).
+Capability fields: both apps append every JSON body POSTed to generate to ``received`` (their
+  create function's), for tests to assert on. MII's request models accept ``presence_penalty``,
+  ``frequency_penalty``, ``user`` (and for completions ``logprobs``, ``echo``, ``best_of``,
+  ``use_beam_search``) and ignore them as they ignore any unknown field: the generate kwargs never carry
+  them and answers have ``logprobs: null``; so does the fake. No generate kwarg takes a seed, and
+  ``min_new_tokens`` is compared with the whole sequence (prompt included).
 Guesses and simplifications: every engine stop id counts as the tokenizer's EOS; usage and lengths
   use ``engine.count_tokens`` (no BOS for the demo tokenizer); ``top_k`` and ``add_generation_prompt:
   false`` are accepted but not applied; API keys are not modelled; validation messages follow FastAPI's

@@ -57,7 +57,7 @@ Not reproduced: ``prefill`` ([]), ``truncate`` (only validated and counted), ``b
 sampling (``seed`` is validated and echoed in ``details.seed``; the demo model's sampling is not
 seeded), ``top_k``, ``typical_p``, ``watermark`` and penalties (validated only), the wording of serde's
 errors (approximate), ``FakeControl.loading`` (TGI's router does not listen before its model is loaded).
-Every request body is recorded in ``received`` (a list ``create_app`` may be given), for assertions.
+The body of every generation request is recorded in ``received`` when ``create_app`` is given that list.
 
 ``FakeControl.fail_next`` names, taken at the start of each generation request:
 ``overloaded`` 429 before validation (in a stream, the first and only event); ``overloaded_midstream``
@@ -396,6 +396,30 @@ def parse_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
     return out
 
 
+CHUNKS = ("text", "image_url")
+
+
+def check_messages(messages: list[Any]) -> None:
+    """``Vec<Message>``: a role, and a body that is ``content`` (text or chunks) or else ``tool_calls``
+    (an untagged enum tried in that order: an empty ``content`` beside ``tool_calls`` hides the calls)."""
+    for i, m in enumerate(messages):
+        check(m, spec("role:s! name:s"), f"messages[{i}]", required=("role",))
+        content = m.get("content")
+        chunks = isinstance(content, list) and all(isinstance(c, dict) and c.get("type") in CHUNKS for c in content)
+        if isinstance(content, str) or chunks:
+            continue
+        calls = m.get("tool_calls")
+        ok = isinstance(calls, list) and all(
+            isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("type"), str)
+            and isinstance(c.get("function"), dict)
+            and isinstance(c["function"].get("name"), str)
+            and ("arguments" in c["function"] or "parameters" in c["function"])
+            for c in calls
+        )  # fmt: skip
+        if not ok:
+            raise BadBody(f"{DESERIALIZE}messages[{i}]: data did not match any variant of untagged enum MessageBody")
+
+
 def parse_tool_choice(value: Any) -> str | tuple[str, str]:
     """ToolTypeDeserializer: null is "auto", a string other than the three modes names a function."""
     if value is None:
@@ -586,7 +610,7 @@ class FakeTGI:
         model_id: str,
         max_input: int,
         max_total: int,
-        received: list[tuple[str, Any]],
+        received: list[tuple[str, Any]] | None,
         auto_tool_call: bool,
     ) -> None:
         self.engine, self.control, self.model_id = engine, control, model_id
@@ -599,6 +623,10 @@ class FakeTGI:
         self.hists = {f"tgi_request_{n}duration": Histogram(seconds) for n in ("", "queue_", "inference_")}
         self.hists["tgi_request_input_length"] = Histogram([max_input / 100 * (x + 1) for x in range(100)])
         self.hists["tgi_request_generated_tokens"] = Histogram([max_total / 100 * (x + 1) for x in range(100)])
+
+    def record(self, path: str, body: Any) -> None:
+        if self.received is not None:  # only when a test asked: a long chaos run keeps no bodies
+            self.received.append((path, body))
 
     def count(self, name: str, label: str = "") -> None:
         self.counters[(name, label)] = self.counters.get((name, label), 0) + 1
@@ -836,7 +864,7 @@ class FakeTGI:
             req = GenRequest.parse(body, compat=path == "/")
         except BadBody as exc:
             return rejected(exc)
-        self.received.append((path, body))
+        self.record(path, body)
         if path == "/" and req.return_full_text is None:
             req.return_full_text = True  # the model's pipeline tag is text-generation
         fault = self.take_fault()
@@ -852,12 +880,13 @@ class FakeTGI:
         try:
             body = check(await read_json(request), CHAT_SPEC, required=("messages",))
             opts = check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
+            check_messages(body["messages"])
             tools = parse_tools(body.get("tools"))
             choice = parse_tool_choice(body.get("tool_choice"))
             fmt = parse_grammar(body.get("response_format"), "response_format")
         except BadBody as exc:
             return rejected(exc)
-        self.received.append(("/v1/chat/completions", body))
+        self.record("/v1/chat/completions", body)
         self.count("tgi_request_count")
         model = self.model_id if body.get("model") in (None, "tgi") else body["model"]
         call_id, logprobs = next_tool_call_id(body["messages"]), bool(body.get("logprobs"))
@@ -956,7 +985,7 @@ class FakeTGI:
                 raise BadBody(f"{DESERIALIZE}prompt: {'Empty array detected' if not prompts else why}")
         except BadBody as exc:
             return rejected(exc)
-        self.received.append(("/v1/completions", body))
+        self.record("/v1/completions", body)
         self.count("tgi_request_count")
         if body.get("suffix") is not None:
             msg = "Suffix is not supported and can be achieved by preprocessing the prompt."
@@ -1079,7 +1108,6 @@ def create_app(
     auto_tool_call: bool = False,
 ) -> ASGIApp:
     """The fake's app; ``received`` collects (path, body) of every generation request it parsed."""
-    received = [] if received is None else received
     tgi = FakeTGI(engine, control, model_id, max_input_tokens, max_total_tokens, received, auto_tool_call)
     posts = {"/": tgi.native, "/generate": tgi.native, "/generate_stream": tgi.native}
     posts |= {"/v1/chat/completions": tgi.chat, "/v1/completions": tgi.completions}

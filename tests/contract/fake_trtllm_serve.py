@@ -68,7 +68,8 @@ routes is appended to ``received`` (create_app's), as parsed JSON, for tests to 
 - ``n``: n sequences of one request, choices by ``index`` (streamed interleaved, one choice per chunk), usage
   summed; ``logit_bias`` keys must be token ids in [0, vocab) and values finite in [-100, 100] (else 400 with
   trtllm-serve's messages), recorded but not applied (the TinyEngine has no logit processor); ``seed`` and
-  penalties are recorded only (the TinyEngine's sampler cannot be seeded or penalised).
+  penalties are recorded only (the TinyEngine's sampler cannot be seeded or penalised); ``image_url`` content
+  parts are accepted as a multimodal model's server takes them, and the text parts alone reach the TinyEngine.
 Guessed: the exact chunking of streamed tool-call arguments (the real parser sends the name as soon as it is
 parsed, then argument fragments as the partial JSON grows; here name, then the arguments whole, both when the
 call's closing tag arrives); the logprobs limit (not checked).
@@ -425,7 +426,8 @@ class _Output:
             out.append((token, lp, top))
         return out
 
-    async def logprobs(self, ids: list[int]) -> dict[str, Any]:
+    async def logprobs(self, ids: list[int], stream: bool) -> dict[str, Any]:
+        """The chat or completion logprobs of ``ids``; a stream chunk leaves out what is None (exclude_none)."""
         decode = self.server.engine.decode_alone
         scores = await self._scores(ids)
         if self.chat:
@@ -438,6 +440,8 @@ class _Output:
                         {"token": (t := decode(i)), "logprob": max(v, -9999.0), "bytes": list(t.encode())}
                         for i, v in top
                     ]
+                elif not stream:
+                    entry["top_logprobs"] = None
                 content.append(entry)
             return {"content": content}
         offsets, tokens = [], []
@@ -467,7 +471,7 @@ class _Output:
                                       "avg_decoded_tokens_per_iter": None}
             # fmt: on
             if self.k:
-                choice["logprobs"] = await self.logprobs(step.ids)
+                choice["logprobs"] = await self.logprobs(step.ids, stream=True)
             return choice
         delta: dict[str, Any]
         if self.named is not None:
@@ -484,14 +488,14 @@ class _Output:
             delta = {"content": text, "reasoning_content": ""} | ({"tool_calls": pieces} if pieces else {})
         choice = {"index": job.index, "delta": delta}
         if self.k:
-            choice["logprobs"] = await self.logprobs(step.ids)
+            choice["logprobs"] = await self.logprobs(step.ids, stream=True)
         ends = (("finish_reason", self._finish(step.finish)), ("stop_reason", step.reason))
         return choice | {k: v for k, v in ends if v is not None}
 
     async def whole(self, last: _Step) -> dict[str, Any]:
         """The non-streaming choice from the sequence's last step (its text is the whole output)."""
         job, text = self.job, last.text
-        logprobs = await self.logprobs(self.ids) if self.k else None
+        logprobs = await self.logprobs(self.ids, stream=False) if self.k else None
         tail = {"finish_reason": None, "stop_reason": last.reason, "disaggregated_params": None}
         tail |= {"avg_decoded_tokens_per_iter": None}
         if not self.chat:

@@ -30,6 +30,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> TinyEngine:
 
 
 @pytest.fixture(scope="module")
+def greeting(engine: TinyEngine) -> tuple[int, int]:
+    """Prompt and answer tokens of the greeting (the demo model's own count: it is retrained now and then)."""
+    return engine.count_tokens(engine.render_chat([{"role": "user", "content": "Hello"}])), engine.count_tokens(
+        GREETING_REPLY
+    )
+
+
+@pytest.fixture(scope="module")
 def trt_control() -> FakeControl:
     return FakeControl()
 
@@ -101,16 +109,16 @@ def _while_delayed(control: FakeControl, request: Callable[[], Any], probe: Call
 # ---------------------------------------------------------------------------------------------- trtllm-serve
 
 
-def test_openai_client_greedy_chat(trt: str) -> None:
+def test_openai_client_greedy_chat(trt: str, greeting: tuple[int, int]) -> None:
     client = openai.OpenAI(base_url=trt + "/v1", api_key="x", max_retries=0)
     resp = client.chat.completions.create(model="enginegate-demo", messages=HELLO, temperature=0)
     assert resp.choices[0].message.content == GREETING_REPLY
     assert resp.choices[0].finish_reason == "stop"
     assert resp.id.startswith("chatcmpl-") and resp.model == "enginegate-demo"
-    assert resp.usage is not None and (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (16, 33)
+    assert resp.usage is not None and (resp.usage.prompt_tokens, resp.usage.completion_tokens) == greeting
 
 
-def test_openai_client_stream_with_usage_chunk(trt: str) -> None:
+def test_openai_client_stream_with_usage_chunk(trt: str, greeting: tuple[int, int]) -> None:
     client = openai.OpenAI(base_url=trt + "/v1", api_key="x", max_retries=0)
     stream = client.chat.completions.create(
         model="enginegate-demo", messages=HELLO, temperature=0, stream=True, stream_options={"include_usage": True}
@@ -120,7 +128,7 @@ def test_openai_client_stream_with_usage_chunk(trt: str) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == GREETING_REPLY
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (16, 33)
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == greeting
     # continuous_usage_stats defaults to true in trtllm-serve: every chunk carries usage
     assert all(c.usage is not None for c in chunks)
 
@@ -219,16 +227,19 @@ def test_trtllm_health_version_models(trt: str, trt_control: FakeControl) -> Non
     assert httpx.get(f"{trt}/nope").json() == {"detail": "Not Found"}
 
 
-def test_trtllm_metrics_follow_real_state(trt: str, trt_control: FakeControl) -> None:
+def test_trtllm_metrics_follow_real_state(trt: str, trt_control: FakeControl, greeting: tuple[int, int]) -> None:
+    prompt, answer = greeting
     httpx.get(f"{trt}/metrics")  # drain
     assert httpx.post(f"{trt}/v1/chat/completions", json=CHAT).status_code == 200
     stats = httpx.get(f"{trt}/metrics").json()
-    assert len(stats) == 33 and stats[-1]["kvCacheStats"]["usedNumBlocks"] == 2  # (16 + 33) tokens / 32 per block
+    blocks = -(-(prompt + answer) // 32)  # 32 tokens per block
+    assert len(stats) == answer and stats[-1]["kvCacheStats"]["usedNumBlocks"] == blocks
     assert httpx.get(f"{trt}/metrics").json() == []
     samples = _metrics(f"{trt}/prometheus/metrics")
     assert _value(samples, "trtllm_request_success_total", finished_reason="stop") >= 1
     assert (
-        _value(samples, "trtllm_generation_tokens_total") >= 33 and _value(samples, "trtllm_prompt_tokens_total") >= 16
+        _value(samples, "trtllm_generation_tokens_total") >= answer
+        and _value(samples, "trtllm_prompt_tokens_total") >= prompt
     )
     assert _value(samples, "trtllm_time_to_first_token_seconds_count") >= 1
     assert _value(samples, "trtllm_num_requests_running") == 0 == _value(samples, "trtllm_kv_cache_utilization")
@@ -254,6 +265,103 @@ def test_trtllm_disconnect_stops_generation(trt: str, engine: TinyEngine, stream
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{trt}/v1/chat/completions", json=body, timeout=httpx.Timeout(5.0, read=0.1))
     assert _stops_generating(engine, before) < 2500
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+PARIS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(autouse=True)
+def _no_script_left(engine: TinyEngine) -> Iterator[None]:
+    yield
+    engine.scripted.clear()
+
+
+def test_tool_call_answer_with_the_qwen3_parser(trt: str, engine: TinyEngine) -> None:
+    client = openai.OpenAI(base_url=trt + "/v1", api_key="x", max_retries=0)
+    engine.scripted.append("Let me look.\n" + CALL)
+    resp = client.chat.completions.create(model="m", messages=PARIS, tools=[WEATHER], temperature=0)  # type: ignore[list-item]
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me look."
+    (call,) = choice.message.tool_calls or []
+    assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    engine.scripted.append(CALL)
+    body = httpx.post(
+        f"{trt}/v1/chat/completions", json=CHAT | {"messages": PARIS, "tools": [WEATHER], "stream": True}
+    ).text
+    chunks = [json.loads(e[6:]) for e in _events(body)[:-1]]
+    pieces = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert pieces[0] == {"id": pieces[0]["id"], "type": "function", "index": 0,
+                         "function": {"name": "get_weather", "arguments": ""}}  # fmt: skip
+    assert pieces[1] == {"type": "function", "index": 0, "function": {"arguments": '{"city": "Paris"}'}}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == ""
+
+
+def test_tool_choice_none_strips_the_markup_and_named_labels_the_text(trt: str, engine: TinyEngine) -> None:
+    engine.scripted.append(CALL)
+    body = CHAT | {"messages": PARIS, "tools": [WEATHER], "tool_choice": "none"}
+    choice = httpx.post(f"{trt}/v1/chat/completions", json=body).json()["choices"][0]
+    assert (choice["message"]["content"], choice["message"]["tool_calls"], choice["finish_reason"]) == ("", [], "stop")
+    engine.scripted.append('{"city": "Paris"}')
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = CHAT | {"messages": PARIS, "tools": [WEATHER], "tool_choice": named, "stream": True}
+    chunks = [json.loads(e[6:]) for e in _events(httpx.post(f"{trt}/v1/chat/completions", json=body).text)[1:-1]]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks]
+    assert all("id" not in c and c["function"]["name"] == "get_weather" for c in calls)  # the name on every piece
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"tool_choice": "required"}, "When using `tool_choice`, `tools` must be set."),
+        ({"top_logprobs": 0}, "logprobs must be true when using top_logprobs"),
+        ({"logit_bias": {"100000": 1.0}}, "Token ID 100000 out of vocabulary range [0, "),
+        ({"logit_bias": {"5": 101.0}}, "logit_bias value for token ID 5 must be in [-100, 100]"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema is required"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "x": 1}}]}, "extra_forbidden"),
+    ],
+)
+def test_capability_fields_are_validated_as_trtllm_serve_does(trt: str, extra: dict[str, Any], says: str) -> None:
+    resp = httpx.post(f"{trt}/v1/chat/completions", json=CHAT | extra)
+    body = resp.json()
+    assert resp.status_code == 400 and says in (body.get("error") or body.get("message"))
+
+
+def test_logprobs_shapes(trt: str, greeting: tuple[int, int]) -> None:
+    chat = httpx.post(f"{trt}/v1/chat/completions", json=CHAT | {"logprobs": True, "top_logprobs": 2}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"] == greeting[1]
+    first = content[0]
+    assert (first["token"], first["bytes"]) == ("Hello", list(b"Hello")) and first["logprob"] < 0
+    assert first["top_logprobs"][0]["token"] == "Hello" and len(first["top_logprobs"]) == 2
+    bare = httpx.post(f"{trt}/v1/chat/completions", json=CHAT | {"logprobs": True}).json()
+    assert bare["choices"][0]["logprobs"]["content"][0]["top_logprobs"] is None  # not asked: no list
+    prompt = {"model": "m", "prompt": ZEN_PROMPT, "temperature": 0, "max_tokens": 3}
+    none = httpx.post(f"{trt}/v1/completions", json=prompt | {"logprobs": 0}).json()
+    assert none["choices"][0]["logprobs"] is None  # 0 reads as "no logprobs"
+    lp = httpx.post(f"{trt}/v1/completions", json=prompt | {"logprobs": 2}).json()["choices"][0]["logprobs"]
+    assert list(lp) == ["text_offset", "token_logprobs", "tokens", "top_logprobs"] and len(lp["tokens"]) == 3
+    assert lp["text_offset"][1] == len(lp["tokens"][0]) and all(len(t) == 2 for t in lp["top_logprobs"])
+
+
+def test_n_choices_share_one_request(trt: str, greeting: tuple[int, int]) -> None:
+    resp = httpx.post(f"{trt}/v1/chat/completions", json=CHAT | {"n": 2}).json()
+    assert [c["index"] for c in resp["choices"]] == [0, 1]
+    assert all(c["message"]["content"] == GREETING_REPLY for c in resp["choices"])
+    assert (resp["usage"]["prompt_tokens"], resp["usage"]["completion_tokens"]) == (greeting[0], 2 * greeting[1])
+    stream = httpx.post(f"{trt}/v1/chat/completions", json=CHAT | {"n": 2, "stream": True}).text
+    chunks = [json.loads(e[6:]) for e in _events(stream)[:-1]]
+    assert [c["choices"][0]["index"] for c in chunks[:2]] == [0, 1]  # a role chunk per choice
+    for i in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert "".join(c["delta"].get("content", "") for c in mine) == GREETING_REPLY
 
 
 # ---------------------------------------------------------------------------------------------- Triton
@@ -378,3 +486,19 @@ def test_triton_disconnect_stops_generation(triton: str, engine: TinyEngine) -> 
             if n == 10:
                 break
     assert _stops_generating(engine, before) < 2500
+
+
+def test_triton_log_probs_are_the_models_and_guides_are_checked(triton: str, engine: TinyEngine) -> None:
+    gen = f"{triton}/v2/models/ensemble/generate"
+    request = {"text_input": ZEN_PROMPT, "max_tokens": 4, "return_log_probs": True, "exclude_input_in_output": True}
+    body = httpx.post(gen, json=request).json()
+    ids = engine._tokenizer.encode(body["text_output"], add_special_tokens=False).ids
+    expected = [lp for lp, _ in engine.alternatives(ZEN_PROMPT, ids, 1)]
+    assert body["output_log_probs"] == pytest.approx(expected, abs=1e-4) and len(ids) == 4
+    assert body["cum_log_probs"] == pytest.approx(sum(expected), abs=1e-4)
+    guided = request | {"guided_decoding_guide_type": "json_schema"}
+    missing = httpx.post(gen, json=guided)
+    assert missing.status_code == 500 and "guided_decoding_guide is required" in missing.json()["error"]
+    schema = guided | {"guided_decoding_guide": '{"type": "object"}'}
+    assert httpx.post(gen, json=schema).status_code == 200
+    assert httpx.post(gen, json=request | {"guided_decoding_guide_type": "yaml"}).status_code == 500

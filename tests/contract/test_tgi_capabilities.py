@@ -12,24 +12,36 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonschema
+import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from backends import capabilities as cap
-from backends.base import Chunk, GenerationRequest, TokenLogprob, ToolCallDelta
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob, ToolCallDelta
 from backends.http_base import HttpSettings
 from backends.tgi import JSON_OBJECT_REGEX, TgiBackend, TgiMessagesBackend
-from tests.conftest import GREETING_REPLY
+from tests.conftest import GREETING_REPLY, GatewayProcess, write_config
 from tests.contract.control import FakeControl
-from tests.contract.fake_tgi import create_app
+from tests.contract.fake_tgi import ChatState, create_app
 from tests.contract.tiny_engine import TinyEngine
 from tests.fakes import serve_in_thread
 
 HELLO = [{"role": "user", "content": "Hello"}]
 WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris?"}]
-CITY_PARAMS = {
+CITY_PARAMS: dict[str, object] = {
     "type": "object",
     "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "city": {"type": "string"}},
     "required": ["city"],
@@ -211,29 +223,35 @@ def test_native_sends_nothing_it_does_not_declare(fake: Fake) -> None:
     assert not answer.logprobs
 
 
-def test_native_json_schema_answer_validates(fake: Fake) -> None:
-    answer = ask(fake, TgiBackend, messages=HELLO, response_format=JSON_SCHEMA)
+ADAPTERS = [TgiBackend, TgiMessagesBackend]
+
+
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_json_schema_answer_validates(fake: Fake, cls: type[TgiBackend]) -> None:
+    answer = ask(fake, cls, messages=HELLO, response_format=JSON_SCHEMA)
     doc = json.loads(answer.text)
     jsonschema.validate(doc, PERSON)
     assert list(doc) == sorted(doc)  # TGI's grammar writes properties in key order
     assert answer.finish == "stop"
 
 
-def test_native_json_object_answer_is_an_object(fake: Fake) -> None:
-    answer = ask(fake, TgiBackend, messages=HELLO, response_format={"type": "json_object"})
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_json_object_answer_is_an_object(fake: Fake, cls: type[TgiBackend]) -> None:
+    answer = ask(fake, cls, messages=HELLO, response_format=JSON_OBJECT)
     assert isinstance(json.loads(answer.text), dict)
 
 
-def test_native_logprobs_are_each_answer_token(fake: Fake) -> None:
-    answer = ask(fake, TgiBackend, messages=HELLO, logprobs=True, top_logprobs=3)
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_logprobs_are_each_answer_token(fake: Fake, cls: type[TgiBackend]) -> None:
+    answer = ask(fake, cls, messages=HELLO, logprobs=True, top_logprobs=3)
     assert answer.text == GREETING_REPLY
     assert "".join(lp.token for lp in answer.logprobs) == GREETING_REPLY  # the end token is not listed
     for lp in answer.logprobs:
-        assert lp.logprob <= 0.0 and lp.bytes == tuple(lp.token.encode())
-        assert len(lp.top) == 3
+        assert lp.logprob <= 0.0 and len(lp.top) == 3
         assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
-    # Greedy: every chosen token is the model's most likely one.
-    assert all(abs(lp.logprob - lp.top[0].logprob) < 1e-4 for lp in answer.logprobs)
+        assert abs(lp.logprob - lp.top[0].logprob) < 1e-4  # greedy: each chosen token is the likeliest
+    assert all(lp.bytes == tuple(lp.token.encode()) for lp in answer.logprobs)  # OpenAI's bytes: the text's
+    assert all(t.bytes == tuple(t.token.encode()) for lp in answer.logprobs for t in lp.top)
 
 
 def test_native_logprobs_stop_with_the_stop_string(fake: Fake) -> None:
@@ -307,7 +325,7 @@ def test_messages_required_tool_call_streams_as_openai_does(fake: Fake) -> None:
     assert answer.text == ""
     assert answer.finish == "tool_calls"  # TGI sends no finish reason after a call
     assert all(c.finish_reason is None for c in answer.chunks[:-1])
-    assert answer.chunks[-1].usage is not None and answer.chunks[-1].usage.completion_tokens > 20
+    assert answer.chunks[-1].usage is not None and answer.chunks[-1].usage.completion_tokens > len(answer.deltas)
 
 
 def test_messages_named_tool_is_the_one_called(fake: Fake) -> None:
@@ -364,26 +382,6 @@ def test_messages_tool_call_history_reaches_tgi_as_tool_calls(fake: Fake) -> Non
     assert answer.finish == "tool_calls"
 
 
-def test_messages_json_schema_answer_validates(fake: Fake) -> None:
-    answer = ask(fake, TgiMessagesBackend, messages=HELLO, response_format=JSON_SCHEMA)
-    jsonschema.validate(json.loads(answer.text), PERSON)
-    assert answer.finish == "stop"
-
-
-def test_messages_json_object_answer_is_an_object(fake: Fake) -> None:
-    answer = ask(fake, TgiMessagesBackend, messages=HELLO, response_format={"type": "json_object"})
-    assert isinstance(json.loads(answer.text), dict)
-
-
-def test_messages_logprobs_are_each_answer_token(fake: Fake) -> None:
-    answer = ask(fake, TgiMessagesBackend, messages=HELLO, logprobs=True, top_logprobs=2)
-    assert answer.text == GREETING_REPLY
-    assert "".join(lp.token for lp in answer.logprobs) == GREETING_REPLY  # not the end token's
-    for lp in answer.logprobs:
-        assert lp.logprob <= 0.0 and len(lp.top) == 2
-        assert abs(lp.logprob - lp.top[0].logprob) < 1e-4  # greedy
-
-
 def test_messages_tool_call_carries_logprobs_of_its_pieces(fake: Fake) -> None:
     answer = ask(
         fake,
@@ -423,3 +421,206 @@ def test_messages_completions_needing_more_than_v1_completions_go_native(
 def test_messages_plain_completion_stays_on_v1_completions(fake: Fake) -> None:
     answer = ask(fake, TgiMessagesBackend, prompt="The answer:", max_tokens=10)
     assert answer.path == "/v1/completions"
+
+
+@pytest.mark.parametrize("cls", [TgiBackend, TgiMessagesBackend])
+def test_more_alternatives_than_tgi_gives_are_its_refusal_not_fewer(fake: Fake, cls: type[TgiBackend]) -> None:
+    with pytest.raises(BackendError) as err:
+        ask(fake, cls, messages=HELLO, logprobs=True, top_logprobs=6)
+    assert err.value.kind is ErrorKind.BAD_REQUEST
+    assert "`top_n_tokens` must be >= 0 and <= 5. Given: 6" in err.value.message
+
+
+def test_image_parts_reach_tgi_as_sent(fake: Fake) -> None:
+    parts = [
+        {"type": "text", "text": "What is in it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]
+    answer = ask(fake, TgiMessagesBackend, messages=[{"role": "user", "content": parts}])
+    assert answer.body["messages"] == [{"role": "user", "content": parts}]  # TGI's MessageChunk shapes
+    assert answer.finish in ("stop", "length")
+
+
+# --- through a gateway process, with the official openai client ---
+
+NATIVE, MESSAGES = "demo-tgi-native", "demo-tgi-messages"
+HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+OAI_WEATHER: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather now", "parameters": CITY_PARAMS},
+}
+OAI_WEATHER_Q: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
+OAI_HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+@pytest.fixture(scope="module")
+def gateway(fake: Fake, tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[GatewayProcess]:
+    config = write_config(
+        tmp_path_factory.mktemp("tgi-gw") / "tgi.yaml",
+        f"""
+models:
+  - {{name: {NATIVE}, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: {MESSAGES}, gguf: "{{GGUF}}"}}
+backends:
+  - {{name: tgi-native, engine: tgi, url: "{fake.url}", model: {NATIVE}}}
+  - {{name: tgi-messages, engine: tgi_messages, url: "{fake.url}", model: {MESSAGES}}}
+""",
+    )
+    gw = GatewayProcess(config, cache_dir)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+@pytest.fixture()
+def client(gateway: GatewayProcess, fake: Fake) -> openai.OpenAI:
+    fake.received.clear()
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="-", max_retries=0)
+
+
+def function_calls(calls: list[Any] | None) -> list[ChatCompletionMessageFunctionToolCall]:
+    return [c for c in calls or [] if isinstance(c, ChatCompletionMessageFunctionToolCall)]
+
+
+def test_gateway_tool_call_round_trip_on_the_messages_api(client: openai.OpenAI, fake: Fake) -> None:
+    chat = client.chat.completions
+    whole = chat.create(
+        model=MESSAGES, messages=OAI_WEATHER_Q, tools=[OAI_WEATHER], tool_choice="required", max_tokens=200
+    )
+    assert whole.choices[0].finish_reason == "tool_calls"
+    call = function_calls(whole.choices[0].message.tool_calls)[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+
+    stream = chat.create(
+        model=MESSAGES, messages=OAI_WEATHER_Q, tools=[OAI_WEATHER], tool_choice="required", max_tokens=200, stream=True
+    )
+    pieces = list(stream)
+    deltas = [d for p in pieces for c in p.choices for d in c.delta.tool_calls or []]
+    assert deltas[0].id == "0" and deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    assert all(d.id is None for d in deltas[1:])
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function is not None)
+    assert json.loads(arguments) == {"city": "Paris", "unit": "celsius"}
+    assert [c.finish_reason for p in pieces for c in p.choices if c.finish_reason] == ["tool_calls"]
+
+    follow_up: list[ChatCompletionMessageParam] = [
+        *OAI_WEATHER_Q,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},  # type: ignore[list-item]
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"},
+    ]
+    fake.received.clear()
+    answer = chat.create(model=MESSAGES, messages=follow_up, max_tokens=20)
+    assert answer.choices[0].message.content
+    sent = fake.received[-1][1]["messages"]
+    assert sent[1]["tool_calls"][0]["id"] == "0" and "content" not in sent[1]
+    assert sent[2] == {"role": "tool", "tool_call_id": "0", "content": "18 C and sunny"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gateway/shaping.py _one passes parser_for(caps.tool_parser), a parser, where with_tool_calls takes the "
+    "parser's name (ValueError: unknown tool-call parser <HermesParser ...>): remove this mark with that fix",
+)
+def test_gateway_native_tools_parse_the_models_hermes_call(
+    client: openai.OpenAI, fake: Fake, engine: TinyEngine
+) -> None:
+    engine.scripted.append(HERMES_CALL)  # what a model trained on Hermes calls says here
+    answer = client.chat.completions.create(model=NATIVE, messages=OAI_WEATHER_Q, tools=[OAI_WEATHER], max_tokens=200)
+    assert answer.choices[0].finish_reason == "tool_calls"
+    call = function_calls(answer.choices[0].message.tool_calls)[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert '"name": "get_weather"' in fake.received[-1][1]["inputs"]
+
+
+@pytest.mark.parametrize("model", [NATIVE, MESSAGES])
+def test_gateway_structured_output_parses(client: openai.OpenAI, fake: Fake, model: str) -> None:
+    answer = client.chat.completions.parse(model=model, messages=OAI_WEATHER_Q, response_format=Person, max_tokens=80)
+    assert isinstance(answer.choices[0].message.parsed, Person)
+    sent = fake.received[-1][1]
+    grammar = sent["parameters"]["grammar"] if model == NATIVE else sent["response_format"]
+    assert grammar["type"] == ("json" if model == NATIVE else "json_schema")
+
+
+@pytest.mark.parametrize("model", [NATIVE, MESSAGES])
+def test_gateway_logprobs(client: openai.OpenAI, model: str) -> None:
+    answer = client.chat.completions.create(
+        model=model, messages=OAI_HELLO, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2
+    )
+    logprobs = answer.choices[0].logprobs
+    content = logprobs.content if logprobs is not None else None
+    assert content
+    assert "".join(t.token for t in content) == answer.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("presence_penalty", 0.5), ("frequency_penalty", 0.5), ("logit_bias", {"5": 1})]
+)
+@pytest.mark.parametrize("model", [NATIVE, MESSAGES])
+def test_gateway_refuses_what_tgi_cannot_honour(client: openai.OpenAI, model: str, field: str, value: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=OAI_HELLO, max_tokens=5, extra_body={field: value})
+    assert isinstance(err.value.body, dict) and err.value.body.get("param") == field
+
+
+def test_messages_tools_beside_a_response_format_are_refused_before_tgi_sees_them(fake: Fake) -> None:
+    # TGI answers 422 "Grammar and tools are mutually exclusive"; the refusal lets another backend try.
+    with pytest.raises(BackendError) as err:
+        ask(fake, TgiMessagesBackend, messages=WEATHER_Q, tools=(WEATHER,), response_format=JSON_SCHEMA)
+    assert (err.value.kind, err.value.param, err.value.retryable) == (ErrorKind.BAD_REQUEST, "response_format", True)
+    assert not fake.received
+
+
+# --- TGI streams as TGI's ChatState makes them for token splits the demo tokenizer does not make ---
+
+
+def replayed(tokens: list[str]) -> list[bytes]:
+    """The SSE body TGI writes for a tool stream whose model said ``tokens`` (then its end token)."""
+    head = {"id": "", "created": 0, "model": "m", "system_fingerprint": "3.3.6-dev0-native"}
+    state, out = ChatState(True, True, head, False, "0"), []
+    details = {"finish_reason": "eos_token", "generated_tokens": len(tokens) + 1, "input_length": 9, "seed": None}
+    for i, text in enumerate([*tokens, "<|im_end|>"], 1):
+        last = i == len(tokens) + 1
+        token = {"id": i, "text": text, "logprob": -0.1, "special": last}
+        for chunk in state.push({"index": i, "token": token, "details": details if last else None}) or []:
+            out.append(b"data:" + json.dumps(chunk).encode() + b"\n\n")
+    return [*out, b"data:[DONE]\n\n"]
+
+
+def replay(body: list[bytes], received: list[tuple[str, Any]]) -> Any:
+    async def chat(request: Request) -> Response:
+        received.append((request.url.path, await request.json()))
+        return Response(b"".join(body), media_type="text/event-stream")
+
+    async def health(request: Request) -> Response:
+        return Response()
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "call"),
+    [
+        # The name's closing quote alone in its token: TGI's arguments start "{," (the comma is cut).
+        (['{"function": {"_name": "get_weather', '"', ",", ' "city": "Paris"', "}}"], {"city": "Paris"}),
+        # router/src/chat.rs test_chat_stream_tool_get_weather's split: the comma came with the quote.
+        (['{"function": {"_name": "get_weather', '",', ' "city":', ' "Paris"}}'], {"city": "Paris"}),
+        # No arguments, the name closed with both braces: TGI streams "{" alone (the "}" is added).
+        (['{"function": {"_name": "ping', '"}}'], {}),
+    ],
+    ids=["comma_after_the_name", "tgis_own_split", "no_arguments"],
+)
+def test_messages_tool_streams_become_valid_openai_calls(tokens: list[str], call: dict[str, Any]) -> None:
+    body = replayed(tokens)
+    assert not any(b'"finish_reason":"' in line for line in body[:-2])  # TGI's: no finish after a call
+    received: list[tuple[str, Any]] = []
+    with serve_in_thread(replay(body, received), "/health") as url:
+        answer = ask(Fake(url, received), TgiMessagesBackend, messages=HELLO, tools=(WEATHER,))
+    assert [(i, a) for i, _, a in answer.calls()] == [("0", call)]
+    assert answer.finish == "tool_calls"

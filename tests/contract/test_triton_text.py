@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from backends.base import GenerationRequest
-from backends.trtllm import Cumulative, token_count, triton_payload
+from backends.trtllm import Cumulative, guided_decoding, log_probs, paired, token_count, triton_payload
 from tests.conftest import ZEN_CONTINUATION, ZEN_PROMPT
 from tests.contract import fake_triton
 from tests.contract.control import FakeControl
@@ -68,3 +69,31 @@ def test_payload_carries_the_request_id_and_asks_for_token_counts() -> None:
     payload = triton_payload(req, "x", 16, stream=False)
     assert payload["id"] == "req-7" and payload["return_log_probs"] is True and payload["stream"] is False
     assert payload["stop_words"] == ["Simple is"]
+
+
+def test_log_probs_keep_the_tokens_order_and_pair_with_their_text() -> None:
+    assert log_probs({"output_log_probs": [[-0.5, -1.0], [-2.0]]}) == [-0.5, -1.0, -2.0]  # [beam][token], flattened
+    assert log_probs({"text_output": "x"}) is None
+    one = paired(" ugly", [-0.25])
+    assert [(t.token, t.logprob) for t in one] == [(" ugly", -0.25)]
+    # Several tokens in one response (speculative decoding): the text cannot be split, the values stay exact.
+    assert [(t.token, t.logprob) for t in paired("ab", [-1.0, -2.0])] == [("ab", -1.0), ("", -2.0)]
+
+
+@pytest.mark.parametrize(
+    ("response_format", "inputs"),
+    [
+        (None, {}),
+        ({"type": "text"}, {}),
+        ({"type": "json_object"}, {"guided_decoding_guide_type": "json"}),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}, "strict": True}},
+            {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'},
+        ),
+        ({"type": "json_schema", "json_schema": {"name": "p"}}, {"guided_decoding_guide_type": "json"}),
+    ],
+)
+def test_response_format_becomes_the_ensembles_guide(
+    response_format: dict[str, Any] | None, inputs: dict[str, str]
+) -> None:
+    assert guided_decoding(response_format) == inputs

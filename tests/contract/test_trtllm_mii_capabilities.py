@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import openai
 import pytest
 
 from backends import capabilities as cap
@@ -23,7 +24,9 @@ from backends.capabilities import FEATURES, Capabilities, capabilities_of
 from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
 from backends.http_base import HttpSettings
 from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
-from tests.conftest import GREETING_REPLY, ZEN_PROMPT
+from gateway.app import create_app
+from gateway.config import load_config
+from tests.conftest import GREETING_REPLY, ZEN_PROMPT, write_config
 from tests.contract import fake_mii, fake_triton, fake_trtllm_serve
 from tests.contract.control import FakeControl
 from tests.contract.tiny_engine import TinyEngine
@@ -35,12 +38,32 @@ WEATHER_TOOL = {
     "type": "function",
     "function": {
         "name": "get_weather",
-        "description": "The weather in a city",
+        "description": "Get the current weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
 PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
 HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+PICTURE = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        ],
+    }
+]
+HISTORY = [
+    *PARIS,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
 
@@ -99,13 +122,15 @@ def make(kind: str, fakes: dict[str, Fake]) -> Backend:
         return TritonTrtllmBackend(
             "t", SERVED, settings("triton"), triton_model="tensorrt_llm_bls", text_output="cumulative"
         )
+    if kind == "triton_tokens":
+        return TritonTrtllmBackend("t", SERVED, settings("triton"), text_output="per_token")
     if kind == "mii_rest":
         return MiiRestBackend("t", SERVED, settings("mii_rest"), deployment=SERVED)
     assert kind == "mii_openai"
     return MiiOpenAIBackend("t", SERVED, settings("mii_openai"))
 
 
-FAKE_OF = {"triton_bls": "triton"}
+FAKE_OF = {"triton_bls": "triton", "triton_tokens": "triton"}
 
 
 def req(**kw: Any) -> GenerationRequest:
@@ -179,7 +204,7 @@ DECLARED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("kind", "declared", "lacks", "native_n", "in_prompt"), DECLARED, ids=lambda v: str(v))
+@pytest.mark.parametrize(("kind", "declared", "lacks", "native_n", "in_prompt"), DECLARED, ids=[d[0] for d in DECLARED])
 def test_capabilities_are_declared_honestly(
     fakes: dict[str, Fake], kind: str, declared: set[str], lacks: set[str], native_n: bool, in_prompt: bool
 ) -> None:
@@ -218,6 +243,7 @@ WIRE = [
     ("trtllm_serve", req(messages=HELLO, temperature=0.7, seed=7), {"seed": 7, "temperature": 0.7}),
     ("trtllm_serve", req(prompt=ZEN_PROMPT, echo=True), {"echo": True}),
     ("trtllm_serve", req(messages=HELLO, extra={"top_k": 5, "min_p": 0.1}), {"top_k": 5, "min_p": 0.1}),
+    ("trtllm_serve", req(messages=PICTURE), {"messages": PICTURE}),  # parts as they are, for a multimodal model
     ("triton", req(messages=HELLO, response_format={"type": "json_object"}), {"guided_decoding_guide_type": "json"}),
     ("triton", req(messages=HELLO, response_format=JSON_SCHEMA),
      {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": json.dumps(SCHEMA)}),
@@ -248,6 +274,14 @@ def test_raw_text_engines_get_the_tools_in_the_prompt(fakes: dict[str, Fake], ki
     assert "get_weather" not in prompt  # "none": the model is not offered the tools
 
 
+@pytest.mark.parametrize("kind", ["triton", "mii_rest"])
+def test_raw_text_engines_get_the_tool_call_history_rendered(fakes: dict[str, Fake], kind: str) -> None:
+    _, body = generate(kind, fakes, req(messages=HISTORY, tools=(WEATHER_TOOL,)))
+    prompt = body["text_input"] if kind == "triton" else body["prompts"][0]
+    assert '"name": "get_weather"' in prompt.split("</tools>")[1]  # the assistant's call, after the tools
+    assert "Sunny, 21 C" in prompt
+
+
 def test_fields_an_engine_lacks_never_go_out(fakes: dict[str, Fake]) -> None:
     """Even if a request carrying them reached the adapter, trtllm-serve (which refuses unknown fields)
     gets no parallel_tool_calls and MII's server no penalties."""
@@ -260,8 +294,8 @@ def test_fields_an_engine_lacks_never_go_out(fakes: dict[str, Fake]) -> None:
 # ---------------------------------------------------------------------------------- OpenAI's shapes back
 
 
-def test_trtllm_serve_tool_call_comes_back_as_tool_call_pieces(fakes: dict[str, Fake], engine: TinyEngine) -> None:
-    engine.scripted.append(HERMES_CALL)
+def test_trtllm_serve_tool_call_comes_back_as_tool_call_pieces(fakes: dict[str, Fake]) -> None:
+    """The demo model answers this question with a Hermes call; trtllm-serve's parser turns it into pieces."""
     chunks, _ = generate("trtllm_serve", fakes, req(messages=PARIS, tools=(WEATHER_TOOL,), max_tokens=200))
     pieces = [p for c in chunks for p in c.tool_calls]
     assert pieces[0].index == 0 and pieces[0].name == "get_weather" and pieces[0].id
@@ -276,7 +310,6 @@ def test_trtllm_serve_without_a_tool_parser_leaves_the_markup_in_the_text(
     fakes: dict[str, Fake], engine: TinyEngine
 ) -> None:
     """Why the capability needs ``--tool_parser``: a deployment without it must narrow ``tools`` away."""
-    engine.scripted.append(HERMES_CALL)
     chunks, _ = generate("trtllm_serve_plain", fakes, req(messages=PARIS, tools=(WEATHER_TOOL,), max_tokens=200))
     assert "".join(c.text for c in chunks) == HERMES_CALL and not any(c.tool_calls for c in chunks)
     assert chunks[-1].finish_reason == "stop"
@@ -319,25 +352,36 @@ def test_trtllm_serve_logprobs_without_alternatives(fakes: dict[str, Fake]) -> N
         assert logprobs and all(t.top == () and t.logprob <= 0 for t in logprobs)
 
 
-def test_trtllm_serve_native_n_answers_each_choice(fakes: dict[str, Fake]) -> None:
+def test_trtllm_serve_native_n_answers_each_choice(fakes: dict[str, Fake], engine: TinyEngine) -> None:
     chunks, _ = generate("trtllm_serve", fakes, req(messages=HELLO, n=2))
     for index in (0, 1):
         mine = [c for c in chunks if c.index == index]
         assert "".join(c.text for c in mine) == GREETING_REPLY
         assert [c.finish_reason for c in mine if c.finish_reason] == ["stop"]
     usage = chunks[-1].usage
-    assert usage is not None and usage.completion_tokens == 2 * 33  # both choices, the engine's one count
+    # both choices, in the engine's one count
+    assert usage is not None and usage.completion_tokens == 2 * engine.count_tokens(GREETING_REPLY)
 
 
 def test_triton_streamed_logprobs_pair_each_token_with_its_text(fakes: dict[str, Fake], engine: TinyEngine) -> None:
     chunks, body = generate("triton_bls", fakes, req(messages=HELLO, logprobs=True))
     logprobs = [t for c in chunks for t in c.logprobs]
     usage = chunks[-1].usage
-    assert usage is not None and len(logprobs) == usage.completion_tokens == 33
+    assert usage is not None and len(logprobs) == usage.completion_tokens == engine.count_tokens(GREETING_REPLY)
     assert "".join(t.token for t in logprobs) == "".join(c.text for c in chunks) == GREETING_REPLY
     ids = engine._tokenizer.encode(GREETING_REPLY, add_special_tokens=False).ids
     scores = engine.alternatives(body["text_input"], ids, 1)
     assert [t.logprob for t in logprobs] == pytest.approx([lp for lp, _ in scores], abs=1e-4)
+
+
+def test_triton_per_token_logprobs_follow_the_ensembles_stream(fakes: dict[str, Fake]) -> None:
+    """Each response is one token decoded alone: its text (spaces lost with this tokenizer, as the
+    ensemble shows it) and its log probability."""
+    chunks, body = generate("triton_tokens", fakes, req(messages=HELLO, logprobs=True))
+    logprobs = [t for c in chunks for t in c.logprobs]
+    usage = chunks[-1].usage
+    assert body["stream"] is True and usage is not None and len(logprobs) == usage.completion_tokens > 20
+    assert "".join(t.token for t in logprobs) == "".join(c.text for c in chunks) == GREETING_REPLY.replace(" ", "")
 
 
 def test_triton_guided_decoding_without_a_backend_fails(engine: TinyEngine) -> None:
@@ -360,3 +404,91 @@ def test_triton_json_schema_answer(fakes: dict[str, Fake], engine: TinyEngine) -
     engine.scripted.append('{"city": "Paris"}')
     chunks, _ = generate("triton", fakes, req(messages=PARIS, response_format=JSON_SCHEMA))
     assert json.loads("".join(c.text for c in chunks)) == {"city": "Paris"}
+
+
+# --------------------------------------------------------------------- through a gateway, the openai client
+
+
+@pytest.fixture(scope="module")
+def gateway(fakes: dict[str, Fake], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A gateway serving one model per adapter kind, each on its fake; raw-text engines parse Hermes calls."""
+    config = write_config(
+        tmp_path_factory.mktemp("caps-gateway") / "fleet.yaml",
+        f"""
+limits: {{max_tokens: 120}}
+models:
+  - {{name: trt, gguf: "{{GGUF}}"}}
+  - {{name: triton, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: bls, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: rest, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: mii, gguf: "{{GGUF}}", tool_parser: hermes}}
+backends:
+  - {{name: trt, engine: trtllm_serve, url: "{fakes["trtllm_serve"].url}", model: trt, served_model: {SERVED}}}
+  - {{name: triton, engine: triton_trtllm, url: "{fakes["triton"].url}", model: triton}}
+  - {{name: bls, engine: triton_trtllm, url: "{fakes["triton"].url}", model: bls, triton_model: tensorrt_llm_bls,
+     text_output: cumulative}}
+  - {{name: rest, engine: mii_rest, url: "{fakes["mii_rest"].url}", model: rest, deployment: {SERVED}}}
+  - {{name: mii, engine: mii_openai, url: "{fakes["mii_openai"].url}", model: mii, served_model: {SERVED}}}
+""",
+    )
+    with serve_in_thread(create_app(load_config(config))) as base:
+        yield base
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+@pytest.mark.parametrize("model", ["trt", "triton", "bls", "rest"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_round_trip_through_the_gateway(gateway: str, engine: TinyEngine, model: str, stream: bool) -> None:
+    asked: Any = PARIS  # the demo model answers it with a Hermes call
+    tools: Any = [WEATHER_TOOL]
+    if stream:
+        chunks = list(client(gateway).chat.completions.create(model=model, messages=asked, tools=tools, stream=True))
+        pieces = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+        assert pieces[0].id and pieces[0].function and pieces[0].function.name == "get_weather"
+        arguments = "".join(p.function.arguments or "" for p in pieces if p.function)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        resp = client(gateway).chat.completions.create(model=model, messages=asked, tools=tools)
+        (call,) = resp.choices[0].message.tool_calls or []
+        assert call.type == "function" and call.function.name == "get_weather" and call.id
+        arguments, finish = call.function.arguments, [resp.choices[0].finish_reason]
+    assert json.loads(arguments) == {"city": "Paris"} and finish == ["tool_calls"]
+    engine.scripted.append("It is sunny in Paris.")
+    follow: Any = HISTORY
+    answer = client(gateway).chat.completions.create(model=model, messages=follow, tools=tools)
+    assert answer.choices[0].message.content == "It is sunny in Paris."
+
+
+def test_n_through_the_gateway_native_and_fanned_out(gateway: str, fakes: dict[str, Fake]) -> None:
+    hello: Any = HELLO
+    for model in ("trt", "mii"):
+        before = len(fakes["trtllm_serve" if model == "trt" else "mii_openai"].received)
+        resp = client(gateway).chat.completions.create(model=model, messages=hello, n=2, temperature=0)
+        assert [c.index for c in resp.choices] == [0, 1]
+        assert all(c.message.content == GREETING_REPLY for c in resp.choices)
+        got = fakes["trtllm_serve" if model == "trt" else "mii_openai"].received[before:]
+        assert len(got) == (1 if model == "trt" else 2)  # trtllm-serve answers n itself; MII is asked twice
+
+
+def test_what_a_backend_lacks_is_refused_naming_the_field(gateway: str) -> None:
+    hello: Any = HELLO
+    asks: dict[str, dict[str, Any]] = {
+        "response_format": {"response_format": {"type": "json_object"}},
+        "logprobs": {"logprobs": True},
+        "seed": {"seed": 3, "temperature": 0.8},
+    }
+    for model, field in (("mii", "response_format"), ("triton", "logprobs"), ("rest", "seed")):
+        extra = asks[field]
+        with pytest.raises(openai.BadRequestError) as err:
+            client(gateway).chat.completions.create(model=model, messages=hello, **extra)
+        assert err.value.param == field, (model, err.value)
+
+
+def test_streamed_triton_logprobs_through_the_gateway(gateway: str) -> None:
+    hello: Any = HELLO
+    resp = client(gateway).chat.completions.create(model="bls", messages=hello, logprobs=True, temperature=0)
+    content = resp.choices[0].logprobs and resp.choices[0].logprobs.content
+    assert content and "".join(t.token for t in content) == GREETING_REPLY and all(t.logprob <= 0 for t in content)

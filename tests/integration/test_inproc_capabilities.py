@@ -35,7 +35,8 @@ from backends.capabilities import (
 from backends.ctranslate2_engine import CTranslate2Backend
 from backends.inproc import InProcessEngine
 from backends.llamacpp_engine import LlamaCppBackend
-from backends.text import CHATML, ChatRenderer
+from backends.text import CHATML
+from backends.tool_calls import parser_for
 from tests.conftest import DEMO_GGUF, GREETING_REPLY, ZEN_PROMPT
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -218,6 +219,11 @@ def test_top_k_one_samples_the_greedy_answer(make: Make) -> None:
     )
     sampled = run(make(), req(prompt=OPEN_PROMPT, seed=7))[0]
     assert text(top1) == text(greedy) != text(sampled)
+
+
+def test_top_p_of_zero_keeps_only_the_likeliest_token(make: Make) -> None:
+    greedy, nucleus = run(make(), req(prompt=OPEN_PROMPT, temperature=0.0), req(prompt=OPEN_PROMPT, seed=7, top_p=0.0))
+    assert text(nucleus) == text(greedy)
 
 
 def test_repetition_penalty_makes_a_long_answer_repeat_itself_less(make: Make) -> None:
@@ -416,6 +422,15 @@ TIME_TOOL = {
     "type": "function",
     "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC"]}}}},
 }
+
+
+def with_tools(backend: Engine) -> Engine:
+    """The template the demo model carries once rebuilt with tools (tools/build_demo_model.py): the model
+    file at hand may predate it. What is under test is what the engine does with the request's tools."""
+    backend.use_template(CHATML)
+    return backend
+
+
 HERMES = re.compile(r"\A<tool_call>\n(?P<call>.*)\n</tool_call>\Z", re.S)
 
 
@@ -425,19 +440,48 @@ HERMES = re.compile(r"\A<tool_call>\n(?P<call>.*)\n</tool_call>\Z", re.S)
 def test_forced_tool_choice_writes_a_hermes_call_that_validates(llama: LlamaMake, choice: Any) -> None:
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]
     tools = (TIME_TOOL, WEATHER_TOOL) if choice != "required" else (WEATHER_TOOL,)
-    [chunks] = run(llama(), req(messages=asked, temperature=0.0, max_tokens=200, tools=tools, tool_choice=choice))
+    [chunks] = run(
+        with_tools(llama()), req(messages=asked, temperature=0.0, max_tokens=200, tools=tools, tool_choice=choice)
+    )
     assert chunks[-1].finish_reason == "stop"
     m = HERMES.match(text(chunks))
     assert m, text(chunks)
     call = json.loads(m["call"])
     assert call["name"] == "get_weather"
     jsonschema.validate(call["arguments"], WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
+    # The gateway's Hermes parser reads it as one call, streamed a chunk at a time.
+    parser = parser_for("hermes", seed=1)
+    deltas = [d for c in chunks for d in parser.feed(c.text)[1]] + parser.finish()[1]
+    assert parser.called and deltas[0].name == "get_weather"
+    assert json.loads("".join(d.arguments for d in deltas)) == call["arguments"]
+
+
+def test_a_forced_call_follows_the_models_llama3_json_format() -> None:
+    backend = with_tools(LlamaCppBackend("under-test", "enginegate-demo", DEMO_GGUF, tool_parser="llama3_json"))
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    [chunks] = run(
+        backend, req(messages=asked, temperature=0.0, max_tokens=200, tools=(WEATHER_TOOL,), tool_choice="required")
+    )
+    backend._workers.shutdown()
+    assert chunks[-1].finish_reason == "stop"
+    parser = parser_for("llama3_json", seed=1)
+    deltas = [d for c in chunks for d in parser.feed(c.text)[1]] + parser.finish()[1]
+    assert parser.called and deltas[0].name == "get_weather", text(chunks)
+    jsonschema.validate(json.loads("".join(d.arguments for d in deltas)), WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
+
+
+def test_a_forced_call_in_a_format_llama_cpp_cannot_write_is_a_bad_request() -> None:
+    backend = with_tools(LlamaCppBackend("under-test", "enginegate-demo", DEMO_GGUF, tool_parser="mistral"))
+    with pytest.raises(BackendError) as info:
+        run(backend, req(messages=HELLO, tools=(WEATHER_TOOL,), tool_choice="required"))
+    backend._workers.shutdown()
+    assert info.value.kind is ErrorKind.BAD_REQUEST and info.value.param == "tool_choice"
 
 
 def test_a_forced_call_picks_only_among_the_tools(llama: LlamaMake) -> None:
     asked = [{"role": "user", "content": "What time is it?"}]
     [chunks] = run(
-        llama(),
+        with_tools(llama()),
         req(messages=asked, seed=2, max_tokens=200, tools=(TIME_TOOL, WEATHER_TOOL), tool_choice="required"),
     )
     m = HERMES.match(text(chunks))
@@ -478,18 +522,15 @@ def test_tools_are_rendered_into_the_prompt_unless_tool_choice_is_none(make: Mak
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]
-    backend = make()
-    # The template the demo model carries once rebuilt with tools (tools/build_demo_model.py): this model's
-    # own may predate it. What is under test is that the engine hands the template the request's tools.
-    backend._chat = ChatRenderer(CHATML)
-    plain, with_tools, none, follow_up = run(
+    backend = with_tools(make())
+    plain, tooled, none, follow_up = run(
         backend,
         req(messages=asked, temperature=0.0, max_tokens=1),
         req(messages=asked, temperature=0.0, max_tokens=1, tools=(WEATHER_TOOL,)),
         req(messages=asked, temperature=0.0, max_tokens=1, tools=(WEATHER_TOOL,), tool_choice="none"),
         req(messages=history, temperature=0.0, max_tokens=1, tools=(WEATHER_TOOL,)),
     )
-    counts = [c[-1].usage.prompt_tokens for c in (plain, with_tools, none, follow_up) if c[-1].usage]
+    counts = [c[-1].usage.prompt_tokens for c in (plain, tooled, none, follow_up) if c[-1].usage]
     assert len(counts) == 4
     # The tool's name and schema are in the prompt: dozens of tokens more.
     assert counts[1] > counts[0] + 50

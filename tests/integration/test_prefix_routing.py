@@ -24,8 +24,16 @@ from tests.conftest import GatewayProcess, write_config
 from tests.contract.engines import SERVED, llama_server
 
 CONVERSATIONS = 8
-TURNS = 4
+TURNS = 8
+SEED = 15
 SLOTS = 4
+ENGINE_ARGS = ("-np", str(SLOTS), "-c", str(SLOTS * 4096), "--cache-ram", "0", "--slot-prompt-similarity", "0.5")
+"""Four slots and nothing beyond them; a request takes the slot whose prompt it shares half of (the
+default, a tenth, hands a new conversation the slot of another that shares its system prompt)."""
+IDLE = 0.001
+"""No connection reuse: the gateway's client sees llama-server close some reused connections just
+after a request is written (a few in the first hundred requests; direct httpx sees none), and the
+failover that follows moves a conversation. Placement, not the transport, is under test here."""
 BUDGET = {"x-ttft-budget-ms": "5000"}
 """What a chat client states: met with room to spare on either engine, so engine speed (noisy on a
 shared two-core machine) does not decide, the expected cache and the conversation's home do."""
@@ -37,12 +45,7 @@ TOPICS = (
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     with ExitStack() as stack:
-        urls = [
-            stack.enter_context(
-                llama_server(tmp_path_factory.mktemp(f"llama-{n}"), "-np", str(SLOTS), "--cache-ram", "0")
-            )
-            for n in "ab"
-        ]
+        urls = [stack.enter_context(llama_server(tmp_path_factory.mktemp(f"llama-{n}"), *ENGINE_ARGS)) for n in "ab"]
         yield urls[0], urls[1]
 
 
@@ -51,14 +54,15 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, engines: tuple[str, str]
 ) -> Iterator[GatewayProcess]:
     a, b = engines
+    LIMITS = f"max_concurrency: {SLOTS}, idle_timeout_s: {IDLE}"  # noqa: N806
     config = write_config(
         tmp_path_factory.mktemp("prefix") / "prefix.yaml",
         f"""
 models:
   - {{name: {SERVED}, gguf: "{{GGUF}}"}}
 backends:
-  - {{name: llama-a, engine: llama_server, model: {SERVED}, url: "{a}", max_concurrency: {SLOTS}}}
-  - {{name: llama-b, engine: llama_server, model: {SERVED}, url: "{b}", max_concurrency: {SLOTS}}}
+  - {{name: llama-a, engine: llama_server, model: {SERVED}, url: "{a}", {LIMITS}}}
+  - {{name: llama-b, engine: llama_server, model: {SERVED}, url: "{b}", {LIMITS}}}
 """,
     )
     proc = GatewayProcess(config, cache_dir)
@@ -76,16 +80,20 @@ def engine_counter(url: str, name: str) -> float:
 def converse(run: str, send: Callable[[list[dict[str, str]]], str]) -> None:
     """Every conversation takes its turns; within a turn they come in a shuffled (seeded) order."""
     system = (
-        f"[{run}] You are the help desk assistant of Acme Corporation. Answer in one short sentence, "
-        "name the manual section you used, and never ask for passwords. " * 3
-    )
+        f"[{run}] You are the help desk assistant of Acme Corporation. Answer in one short sentence, name "
+        "the manual section you used, never ask for passwords, and send hardware faults to the on-site team "
+        "with the asset tag. Keep a friendly tone."
+    )  # longer than the 256 characters the old affinity hashed: that sent every conversation to one engine
     histories = [[{"role": "system", "content": system}] for _ in range(CONVERSATIONS)]
-    rng = random.Random(15)
+    rng = random.Random(SEED)
     for turn in range(TURNS):
         for c in rng.sample(range(CONVERSATIONS), CONVERSATIONS):
-            ask = f"Turn {turn}: my {TOPICS[c]} still misbehaves after what you said; what should I try next? " * 2
+            ask = f"Turn {turn}: my {TOPICS[c]} still misbehaves after what you said; what should I try next? " * 6
             histories[c].append({"role": "user", "content": ask})
-            histories[c].append({"role": "assistant", "content": send(histories[c])})
+            assert send(histories[c])
+            # A fixed reply keeps every run's prompts the same (the demo model's greedy answers can
+            # vary with batching); the engine then reuses the prompt, not its own answer.
+            histories[c].append({"role": "assistant", "content": "Restart it, then see section 4 of the manual."})
 
 
 def reply(resp: httpx.Response) -> str:
@@ -94,7 +102,7 @@ def reply(resp: httpx.Response) -> str:
 
 
 def body(messages: list[dict[str, str]]) -> dict[str, object]:
-    return {"model": SERVED, "messages": messages, "max_tokens": 12, "temperature": 0}
+    return {"model": SERVED, "messages": messages, "max_tokens": 4, "temperature": 0}
 
 
 def reused(engines: tuple[str, str], run: Callable[[], None]) -> list[float]:

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.abuse.probes import Engine
 from tests.tenancy.services import Postgres, RedisServer
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    """tests/abuse's fake engine: its own count of the streams it started shows what got through."""
+    eng = Engine()
+    yield eng
+    eng.stop()
 
 
 @pytest.fixture(scope="session")

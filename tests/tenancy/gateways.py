@@ -19,12 +19,17 @@ PRICES = {"fast": (1000.0, 2000.0), "slow": (1000.0, 2000.0), "other": (0.0, 0.0
 """Dollars per million tokens (in, out): a thousandth of a dollar per input token keeps sums readable."""
 
 
-def config_text(engine: Engine, auth: str, redis: str | None = None, admin: str = "") -> str:
+def config_text(
+    engine: Engine, auth: str, redis: str | None = None, admin: str = "", slots: int = 1024, rules: str = ""
+) -> str:
+    """``slots``: each backend's ``max_concurrency`` (small: saturated by a few requests); ``rules``:
+    the YAML flow list of ``routing.rules``."""
     lines = [
         "limits: {health_interval_s: 0.5}",
         f"auth: {{{auth}}}",
         *([f"redis: {{{redis}}}"] if redis else []),
         *([f"admin: {{{admin}}}"] if admin else []),
+        *([f"routing: {{rules: {rules}}}"] if rules else []),
         "models:",
         *(
             f"  - {{name: {name}, params_b: 1, context: 4096, price_per_mtok_in: {PRICES[name][0]},"
@@ -34,7 +39,7 @@ def config_text(engine: Engine, auth: str, redis: str | None = None, admin: str 
         "backends:",
         *(
             f"  - {{name: {name}-engine, engine: vllm, url: '{engine.url}', model: {name}, served_model: {served},"
-            " gpu: H100, max_concurrency: 1024}"
+            f" gpu: H100, max_concurrency: {slots}}}"
             for name, served in MODELS.items()
         ),
         "",

@@ -1,5 +1,5 @@
 """Real ``redis-server`` and PostgreSQL for the tenancy tests: each on a free port in a temporary
-directory, started by the test and stopped after it (Debian's packages; ``make tenancy-services``
+directory, started by the test and stopped after it (Debian's packages; ``make services``
 installs them).
 """
 
@@ -14,7 +14,14 @@ from pathlib import Path
 
 from tests.conftest import free_port
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+def _pg_bin() -> Path:
+    """The newest installed PostgreSQL's programs (Debian keeps them per major version)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _pg_bin()
 
 
 def _wait(check: object, what: str, timeout: float = 20.0) -> None:
@@ -30,7 +37,7 @@ class RedisServer:
     def __init__(self, directory: Path) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed (make tenancy-services)")
+            raise RuntimeError("redis-server is not installed (make services)")
         self.directory = directory
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -75,7 +82,7 @@ class Postgres:
 
     def __init__(self) -> None:
         if not (PG_BIN / "initdb").exists():
-            raise RuntimeError("PostgreSQL is not installed (make tenancy-services)")
+            raise RuntimeError("PostgreSQL is not installed (make services)")
         self.directory = Path(tempfile.mkdtemp(prefix="eg-pg-"))
         self.data = self.directory / "data"
         self.port = free_port()

@@ -21,13 +21,6 @@ HI: Any = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    eng = Engine()
-    yield eng
-    eng.stop()
-
-
-@pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> Path:
     path = tmp_path_factory.mktemp("keys") / "gateway.yaml"
     path.write_text(config_text(engine, "required: true, cache_s: 0.2, usage_flush_s: 0.2"))
@@ -116,17 +109,9 @@ def test_disabled_expired_and_revoked_keys_stop_working(gateway: GatewayProcess,
     c = client(gateway, key)
     c.chat.completions.create(model="fast", messages=HI, max_tokens=2)
     keys_cli(config, "update", key_id, "--disable")
-
-    def refused() -> bool:
-        try:
-            c.chat.completions.create(model="fast", messages=HI, max_tokens=2)
-        except openai.AuthenticationError as exc:
-            return "disabled" in exc.message
-        return False
-
-    wait_until(refused, timeout=5, message="a disabled key kept working")
+    wait_until(refused_with(c, "disabled"), timeout=5, message="a disabled key kept working")
     keys_cli(config, "update", key_id, "--enable")
-    wait_until(lambda: not refused(), timeout=5, message="an enabled key stayed refused")
+    wait_until(lambda: not refused_with(c, "disabled")(), timeout=5, message="an enabled key stayed refused")
     keys_cli(config, "update", key_id, "--expires-at", "1")
     wait_until(refused_with(c, "expired"), timeout=5, message="an expired key kept working")
     assert keys_cli(config, "revoke", key_id)["revoked_at"] is not None

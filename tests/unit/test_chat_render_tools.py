@@ -69,7 +69,7 @@ def test_tool_fields_engines_add_are_left_out() -> None:
 
 def test_tool_call_history_and_results_render_hermes_style() -> None:
     r = ChatRenderer(None)
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Weather in Paris and Rome?"},
         {"role": "assistant", "content": None, "tool_calls": [call('{"city":"Paris"}'), call('{"city": "Rome"}')]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
@@ -86,7 +86,7 @@ def test_tool_call_history_and_results_render_hermes_style() -> None:
 
 
 def test_history_renders_without_tools_offered_too() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Checking.", "tool_calls": [call("{}", "f")]},
         {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
@@ -119,7 +119,7 @@ def test_arguments_that_are_not_json_render_as_given() -> None:
 def test_content_parts_are_joined_and_none_is_empty() -> None:
     r = ChatRenderer(None)
     parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]
-    messages = [{"role": "user", "content": parts}, {"role": "assistant", "content": None}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": parts}, {"role": "assistant", "content": None}]
     assert r.render(messages) == (
         "<|im_start|>user\none\ntwo<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n"
     )

@@ -7,13 +7,23 @@ import asyncio
 import json
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob
 from backends.gguf_file import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, Vocabulary
-from backends.inproc import LogprobMaker, Step, ThreadedGeneration, TokenStrings, check_context, extra_int, seed32
+from backends.inproc import (
+    InProcessEngine,
+    LogprobMaker,
+    Step,
+    ThreadedGeneration,
+    TokenStrings,
+    check_context,
+    extra_int,
+    seed32,
+)
 from backends.llamacpp_engine import RANDOM_SEED, StepProcessor, grammar_text
 
 TOKENS = ["</s>", "<0xC3>", "<0xA9>", "\u2581Hel", "lo", "!"]
@@ -178,3 +188,42 @@ def test_a_forced_call_grammar_wraps_the_named_tools_schema_in_hermes_tags() -> 
 def test_json_strings_exclude_raw_control_characters() -> None:
     text = grammar_text(request(response_format={"type": "json_object"}))
     assert text is not None and 'char ::= [^"\\\\\\x7F\\x00-\\x1F]' in text
+
+
+PLAIN_CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+
+
+def engine(template: str | None) -> InProcessEngine:
+    vocab = Vocabulary(TOKENS, [0.0] * 6, TYPES, None, 0, None, None, False, False, template)
+    return InProcessEngine("e", "m", vocab, 100, 1, 1)
+
+
+def test_a_template_that_cannot_render_tools_refuses_them_instead_of_dropping_them() -> None:
+    plain = engine(PLAIN_CHATML)
+    assert plain.prompt_text(request()) == "<|im_start|>user\nx<|im_end|>\n"
+    assert plain.prompt_text(request(tools=(WEATHER,), tool_choice="none")) == "<|im_start|>user\nx<|im_end|>\n"
+    with pytest.raises(BackendError) as info:
+        plain.prompt_text(request(tools=(WEATHER,)))
+    assert info.value.kind is ErrorKind.BAD_REQUEST and info.value.param == "tools" and info.value.retryable
+    history: list[dict[str, Any]] = [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": WEATHER}]},
+        {"role": "tool", "tool_call_id": "c", "content": "sunny"},
+    ]
+    with pytest.raises(BackendError) as info:
+        plain.prompt_text(GenerationRequest("r", "m", messages=history))
+    assert info.value.param == "messages"
+
+
+def test_tools_reach_a_template_that_renders_them() -> None:
+    prompt = engine(None).prompt_text(request(tools=(WEATHER,)))
+    assert '"name": "get_weather"' in prompt and "<tools>" in prompt
+    assert "get_weather" not in engine(None).prompt_text(request(tools=(WEATHER,), tool_choice="none"))
+
+
+def test_a_forced_call_is_written_in_the_models_tool_call_format() -> None:
+    forced = request(tools=(WEATHER,), tool_choice="required")
+    llama3 = grammar_text(forced, "llama3_json")
+    assert llama3 is not None and llama3.startswith("root ::= tool-call\n") and "parameters-kv" in llama3
+    with pytest.raises(ValueError):
+        grammar_text(forced, "mistral")  # its [TOOL_CALLS] marker is a control token: not written here
+    assert grammar_text(request(response_format={"type": "json_object"}), "mistral") is not None

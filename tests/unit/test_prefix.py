@@ -73,18 +73,23 @@ def test_engine_reports_shrink_and_regrow_the_expected_cache() -> None:
     keys = [chain(rendered([f"conversation {i} " * 200])) for i in range(20)]
     for k in keys:
         index.add(k, 64)
-    oldest = keys[0]
-    n = index.match(oldest)
-    assert n == len(oldest)
-    ages = index.ages(oldest, n)
+    middle = keys[10]
+    n = index.match(middle)
+    assert n == len(middle) and index.match(keys[0]) == len(keys[0])
+    ages = index.ages(middle, n)
     index.reported(ages, cached_tokens=0, block_tokens=64)  # the engine kept none of it: it holds less
-    assert index.capacity < 100_000 and index.match(oldest) == 0
-    assert index.capacity >= MIN_CAPACITY_TOKENS
-    newest = keys[-1]
-    small = index.capacity
-    ages = index.ages(newest, index.match(newest))
-    index.reported(ages, cached_tokens=len(newest) * 64, block_tokens=64)
-    assert index.capacity >= small  # what it held is a lower bound: capacity never falls on a hit
+    assert index.capacity < 100_000 and index.match(keys[0]) == len(keys[0])  # one report: part of the way
+    for _ in range(10):
+        index.reported(ages, cached_tokens=0, block_tokens=64)
+    # towards the age of the first block it lacked (its count trusted to within a block): what is
+    # older than that is forgotten, what is newer kept
+    assert index.capacity < ages[1] + 0.05 * 100_000
+    assert index.match(keys[0]) == 0 and index.match(keys[-1]) == len(keys[-1])
+    shrunk = index.capacity
+    index.reported(index.ages(keys[-1], 3), cached_tokens=128, block_tokens=64)  # a block short of 3: noise
+    assert index.capacity == shrunk
+    index.reported(index.ages(keys[-1], n), cached_tokens=n * 64, block_tokens=64)  # it held it all
+    assert index.capacity >= shrunk and index.capacity >= MIN_CAPACITY_TOKENS
 
 
 def test_opening_names_the_conversation_not_the_shared_system_prompt() -> None:

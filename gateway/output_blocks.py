@@ -1,0 +1,105 @@
+"""An answer's chunks as an ordered list of blocks (text, or one tool call each), opened, grown and
+closed as the chunks arrive: the structure the Responses API (output items) and Anthropic's Messages
+API (content blocks) both stream, so each front door only renders the three steps in its own events.
+
+A block opens when its first piece arrives; the open block closes when a piece of another block
+arrives, and every block still open closes at the end. Argument fragments of a call that already
+closed (an engine interleaving parallel calls) grow that block where it stands.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from backends.base import Chunk
+
+
+class Step(enum.Enum):
+    OPEN = "open"
+    GROW = "grow"
+    CLOSE = "close"
+
+
+@dataclass(slots=True)
+class Block:
+    """One text block or one tool call of the answer; ``position`` is its place in the answer."""
+
+    position: int
+    call: bool
+    call_id: str = ""
+    name: str = ""
+    parts: list[str] = field(default_factory=list)
+    """Text, or the call's argument fragments (JSON text)."""
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    step: Step
+    block: Block
+    delta: str = ""
+
+
+class Blocks:
+    """Tracks one answer (one choice: these front doors take ``n`` 1 only)."""
+
+    __slots__ = ("_calls", "_open", "blocks", "finish_reason", "request_id")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.blocks: list[Block] = []
+        self.finish_reason: str | None = None
+        self._open: Block | None = None
+        self._calls: dict[int, Block] = {}
+        """Tool calls by the engine's call index."""
+
+    def _start(self, call: bool, events: list[Event]) -> Block:
+        if self._open is not None:
+            events.append(Event(Step.CLOSE, self._open))
+        block = Block(len(self.blocks), call)
+        self.blocks.append(block)
+        self._open = block
+        return block
+
+    def feed(self, chunk: Chunk) -> list[Event]:
+        events: list[Event] = []
+        if chunk.text:
+            block = self._open
+            if block is None or block.call:
+                block = self._start(False, events)
+                events.append(Event(Step.OPEN, block))
+            block.parts.append(chunk.text)
+            events.append(Event(Step.GROW, block, chunk.text))
+        for piece in chunk.tool_calls:
+            block = self._calls.get(piece.index)
+            if block is None:
+                block = self._calls[piece.index] = self._start(True, events)
+                block.call_id = piece.id or f"call_{self.request_id}_{piece.index}"
+                block.name = piece.name or ""
+                events.append(Event(Step.OPEN, block))
+            elif piece.name and not block.name:
+                block.name = piece.name
+            if piece.arguments:
+                block.parts.append(piece.arguments)
+                events.append(Event(Step.GROW, block, piece.arguments))
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+        return events
+
+    def finish(self) -> list[Event]:
+        """Close what is still open (the stream ended)."""
+        if self._open is None:
+            return []
+        block, self._open = self._open, None
+        return [Event(Step.CLOSE, block)]
+
+    def collect(self, chunks: list[Chunk]) -> list[Block]:
+        """A whole answer's blocks."""
+        for chunk in chunks:
+            self.feed(chunk)
+        self.finish()
+        return self.blocks

@@ -1,0 +1,90 @@
+"""The key store on SQLite (the embedded default) and on a real PostgreSQL: the same behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.tenancy.keys import KeyRecord, digest, key_id_of
+from gateway.tenancy.manage import BadKeySpec, create, revoke, summarize, update, validate
+from gateway.tenancy.settings import DEFAULT_CLASSES
+from gateway.tenancy.store import DuplicateKey, KeyStore, UsageRow, open_store
+from tests.tenancy.services import Postgres
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return "keys.db"  # relative: beside the config (here the test's directory)
+    pg: Postgres = request.getfixturevalue("postgres")
+    return pg.dsn
+
+
+def run(dsn: str, base: Path, body: Callable[[KeyStore], Awaitable[None]]) -> None:
+    async def go() -> None:
+        store = await open_store(dsn, base)
+        try:
+            await body(store)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def test_created_keys_are_stored_hashed_and_found_by_id(dsn: str, tmp_path: Path) -> None:
+    async def body(store: KeyStore) -> None:
+        limits = validate({"name": "alice", "team": "red", "models": ["llama-*"], "rpm": 60}, DEFAULT_CLASSES)
+        record, token = await create(store, limits)
+        assert key_id_of(token) == record.id
+        got = await store.get(record.id)
+        assert got is not None and got.matches(token) and not got.matches(token + "x")
+        assert got.sha256 == digest(token) and token not in repr(got)
+        assert (got.name, got.team, got.models, got.rpm) == ("alice", "red", ("llama-*",), 60)
+        assert record.id in [r.id for r in await store.all()]
+        assert await store.get("00000000") is None
+        with pytest.raises(DuplicateKey):
+            await store.insert(KeyRecord(id=record.id, sha256="0" * 64))
+
+    run(dsn, tmp_path, body)
+
+
+def test_updates_are_validated_and_revocation_is_kept(dsn: str, tmp_path: Path) -> None:
+    async def body(store: KeyStore) -> None:
+        record, _ = await create(store, validate({}))
+        changed = await update(store, record.id, {"tpm": 1000, "enabled": False, "priority": "low"}, DEFAULT_CLASSES)
+        assert changed is not None and (changed.tpm, changed.enabled, changed.priority) == (1000, False, "low")
+        with pytest.raises(BadKeySpec):
+            await update(store, record.id, {"priority": "vip"}, DEFAULT_CLASSES)
+        with pytest.raises(BadKeySpec):
+            await update(store, record.id, {"sha256": "0" * 64}, DEFAULT_CLASSES)
+        with pytest.raises(BadKeySpec):
+            await update(store, record.id, {"rpm": -1}, DEFAULT_CLASSES)
+        revoked = await revoke(store, record.id)
+        assert revoked is not None and revoked.usable(0.0) == "revoked"
+        again = await store.get(record.id)
+        assert again is not None and again.revoked_at == revoked.revoked_at
+        assert await update(store, "00000000", {"rpm": 1}) is None
+
+    run(dsn, tmp_path, body)
+
+
+def test_usage_rows_add_up_by_key_day_and_model(dsn: str, tmp_path: Path) -> None:
+    async def body(store: KeyStore) -> None:
+        record, _ = await create(store, validate({}))
+        k = record.id
+        await store.add_usage(
+            [UsageRow(k, "2026-12-01", "a", 1, 10, 5, 2, 0.5), UsageRow(k, "2026-12-02", "b", 2, 1, 1)]
+        )
+        await store.add_usage([UsageRow(k, "2026-12-01", "a", 3, 30, 15, 0, 0.25)])
+        rows = await store.usage(k, "2026-12-01")
+        doc = summarize(rows)
+        assert doc["by_model"]["a"] == {
+            "requests": 4, "prompt_tokens": 40, "completion_tokens": 20, "cached_tokens": 2, "cost_usd": 0.75,
+        }  # fmt: skip
+        assert doc["total"]["requests"] == 6
+        assert [r.day for r in await store.usage(k, "2026-12-02")] == ["2026-12-02"]
+
+    run(dsn, tmp_path, body)
