@@ -11,8 +11,9 @@ What a subclass sets (its engine's quirks, as data and one hook):
 - ``engine_fields(request) -> dict``: the capability fields in the engine's own form. The default
   writes them as OpenAI spells them (``openai_fields``); a subclass renames or reshapes by calling
   ``super().engine_fields(request)`` and editing the dict it gets (a key set to ``None`` there is
-  dropped). It is called only when the request uses a capability field (``uses_fields``), so plain
-  text requests cost what they always did.
+  dropped; a key the body already has, such as ``temperature``, is replaced). It is called only
+  when the request uses a capability field (``uses_fields``), so plain text requests cost what they
+  always did.
 - ``ask_usage``, ``usage_per_choice``, ``trusts_event_status``, ``end_texts``: see the attributes.
 
 A subclass that builds its own body calls ``to_payload(request, served_model, capabilities,

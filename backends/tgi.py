@@ -193,13 +193,29 @@ class _TgiBase(HttpBackend):
         yield Chunk(text=stops.flush(), finish_reason=FINISH.get(raw, raw), usage=usage)
 
 
+def image_markdown(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content parts hold images, as TGI's native route takes images: ``![](url)`` in
+    the text (its router fetches them for vision models; its Messages API writes them the same way)."""
+    content = message.get("content")
+    if not isinstance(content, list) or all(p.get("type") == "text" for p in content):
+        return message  # text parts only: the chat renderer joins them
+    parts = [
+        str(p.get("text", "")) if p.get("type") == "text" else f"![]({(p.get('image_url') or {}).get('url', '')})"
+        for p in content
+    ]
+    return {**message, "content": "\n".join(parts)}
+
+
 class TgiBackend(_TgiBase):
     """TGI's native ``/generate_stream``: raw text in, so tools are rendered into the prompt by the
-    model's chat template and the gateway parses the calls (``tools_in_prompt``)."""
+    model's chat template and the gateway parses the calls (``tools_in_prompt``); images go in the
+    text as TGI reads them (``image_markdown``)."""
 
     engine = "tgi"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        features=frozenset({cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED}),
+        features=frozenset(
+            {cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED, cap.IMAGES}
+        ),
         extras=NATIVE_EXTRAS,
         tools_in_prompt=True,
         max_top_logprobs=MAX_TOP_N_TOKENS,
@@ -209,8 +225,9 @@ class TgiBackend(_TgiBase):
         return self.native(request)
 
     def prompt_text(self, request: GenerationRequest) -> str:
-        if request.tools and request.messages is not None:
-            return self._chat.render(request.messages, tools=list(request.tools))
+        messages = request.messages
+        if messages is not None and any(type(m.get("content")) is list for m in messages):
+            request = replace(request, messages=[image_markdown(m) for m in messages])
         return super().prompt_text(request)
 
 
@@ -248,8 +265,9 @@ def _argument_piece(call: _Call, fragment: str) -> str:
 
 
 def _closing(call: _Call) -> str:
-    """The end of a call's arguments that TGI never sent: its opening brace when it was all there was
-    (a function without arguments), or the closing brace TGI trims once too often."""
+    """What a call's arguments still need at the end of the stream: what is held, and the closing brace
+    when TGI sent only the opening one (a function without arguments: the name was found at the token
+    that closed the call, which ChatState then streams no more of)."""
     text = call.arguments + call.held
     for tail in ("", "}"):
         try:

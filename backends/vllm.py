@@ -10,13 +10,15 @@ against vLLM 0.32 on CPU, the engine ``make test`` runs). What each needs from t
   calls are constrained decoding (the demo model calls get_weather even for "Hello"), but vLLM's
   hermes grammar does not hold the arguments to the tool's schema (an earlier demo model answered
   ``"arguments": "false"``).
-- ``parallel_tool_calls: false``: vLLM keeps only the first call of the answer.
+- ``parallel_tool_calls: false``: vLLM keeps only the first call of the answer (read in vLLM's
+  serving code and accepted by the engine; the demo model never makes two calls, so not seen).
 - ``json_object`` / ``json_schema``: vLLM's structured outputs. xgrammar's default allows any
   whitespace between JSON tokens, and a small model can loop on it until ``max_tokens`` (an earlier
   demo model did): such deployments start vLLM with ``--structured-outputs-config '{"backend":
   "xgrammar", "disable_any_whitespace": true}'`` (a server setting: vLLM ignores the request field).
 - ``logprobs`` / ``top_logprobs`` (up to ``--max-logprobs``, 20 by default), penalties, ``logit_bias``,
-  ``seed`` (reproducible run to run), ``echo`` (completions), ``n`` (native: usage comes once, summed).
+  ``seed`` (reproducible run to run), ``echo`` (completions), ``n`` (native: usage comes once, summed;
+  vLLM refuses ``n`` > 1 at temperature 0, so greedy choices are asked as ``top_k`` 1 sampling).
 - images: ``image_url`` parts go as they are; vLLM answers them only for a multimodal model ("... is
   not a multimodal model" otherwise), which the model entry says.
 - Cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``) are reported only with
@@ -30,9 +32,10 @@ left out: vLLM's beam search answers no streams.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from backends import capabilities as cap
+from backends.base import GenerationRequest
 from backends.capabilities import Capabilities
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
@@ -66,3 +69,10 @@ class VLLMBackend(OpenAICompatBackend):
     metrics_path = "/metrics"
     load_map = LOAD
     capabilities: ClassVar[Capabilities] = CAPABILITIES
+
+    def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
+        fields = super().engine_fields(request)
+        if request.n > 1 and request.greedy:
+            # vLLM refuses n > 1 at temperature 0; sampling from the single likeliest token is greedy.
+            fields |= {"temperature": 1.0, "top_k": 1}
+        return fields

@@ -47,9 +47,16 @@ def uniform_fleet() -> SimFleet:
     model = ModelSpec("llama-3.1-8b", 8, BYTES_PER_PARAM["bf16"], 131072, 131072)
     profiles = tuple(
         BackendProfile(
-            f"vllm-h100-{i}", "vllm", frozenset({model.name}), GPUS["H100"], 1, 80.0, ENGINES["vllm"],
-            max_concurrency=256, cost_per_hour=4.0,
-        )  # fmt: skip
+            f"vllm-h100-{i}",
+            "vllm",
+            frozenset({model.name}),
+            GPUS["H100"],
+            1,
+            80.0,
+            ENGINES["vllm"],
+            max_concurrency=256,
+            cost_per_hour=4.0,
+        )
         for i in range(6)
     )
     return SimFleet(profiles, {model.name: model})
@@ -97,23 +104,26 @@ def verdict(points: Sequence[report.Point]) -> tuple[list[str], list[str]]:
 
 def section(
     title: str, fleet: SimFleet, rows: list[TraceRow], about: str, loads: Sequence[float], shares: str, seed: int,
-    progress: Callable[[str], None],
+    progress: Callable[[str], None], png: Path,
 ) -> tuple[list[str], list[str]]:  # fmt: skip
     started = time.perf_counter()
     capacity, points = sweep(fleet, rows, loads, parse_shares(shares), seed=seed, progress=progress)
     took = time.perf_counter() - started
     lines, behind = verdict(points)
     policies = len({p.result.policy for p in points})
+    report.plot(points, png, title)
     body = [
         "",
         f"### {title}",
         "",
-        f"{about}; {len(rows):,} requests. Estimated capacity {capacity:.2f} requests/s; "
-        f"{len(loads)} loads x {policies} policies simulated in {took:.0f} s.",
+        f"{about}; {len(rows):,} requests. Estimated capacity {capacity:.2f} requests/s (with the prefill an "
+        f"ideal cache leaves); {len(loads)} loads x {policies} policies simulated in {took:.0f} s.",
         "",
         report.markdown(points),
         "",
         *lines,
+        "",
+        f"![attainment against load]({png.name})",
     ]
     return body, [f"{title}: {b}" for b in behind]
 
@@ -154,9 +164,11 @@ def main() -> None:
     for fleet_name, (fleet, shares) in fleets.items():
         sections += ["", f"## {fleet_name}"]
         for title, (rows, about) in workloads(args.quick).items():
+            png = args.out / f"routing_{fleet_name.split()[0]}_{title.split()[0].lower()}.png"
             body, late = section(
-                title, replace(fleet), rows, about, loads, shares, args.seed, lambda line: print(line, file=sys.stderr)
-            )
+                title, replace(fleet), rows, about, loads, shares, args.seed,
+                lambda line: print(line, file=sys.stderr), png,
+            )  # fmt: skip
             sections += body
             behind += [f"{fleet_name}, {line}" for line in late]
     sections += ["", "## Where enginegate does not lead", ""]

@@ -42,6 +42,9 @@ class ExplainBody(BaseModel):
     latency_budget_ms: float | None = Field(default=None, gt=0)
     tpot_budget_ms: float | None = Field(default=None, gt=0)
     tenant: str | None = None
+    key: str | None = None
+    """An API key's id, for rules that match keys."""
+    team: str | None = None
     headers: dict[str, str] = {}
     needs: list[str] = []
     """Capabilities the request would use (tools, json_schema, logprobs, images...)."""
@@ -93,6 +96,8 @@ def routes(state: AppState) -> list[Route]:
             latency_budget_ms=body.latency_budget_ms,
             tpot_budget_ms=body.tpot_budget_ms,
             tenant=body.tenant,
+            key=body.key,
+            team=body.team,
             headers=tuple((k.lower(), v) for k, v in body.headers.items()),
             needs=frozenset(body.needs),
             extras=frozenset(body.extras),

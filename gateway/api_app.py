@@ -30,6 +30,7 @@ from starlette.staticfiles import StaticFiles
 from gateway import api_models as m
 from gateway.admin import ExplainBody
 from gateway.anthropic_api import MessagesBody
+from gateway.embeddings import EmbeddingsBody
 from gateway.openai_api import ChatBody, CompletionBody
 from gateway.responses_api import ResponsesBody
 
@@ -73,6 +74,7 @@ DOCS: dict[tuple[str, str], Doc] = {
         "`message_start`, `content_block_*`, `message_delta`, `message_stop` (or `error`)",
         error=m.AnthropicError,
     ),
+    ("POST", "/v1/embeddings"): Doc("Embeddings", "openai", m.EmbeddingList, EmbeddingsBody),
     ("GET", "/v1/models"): Doc("List models", "openai", m.ModelList),
     ("GET", "/v1/models/{model}"): Doc("Show a model", "openai", m.ModelCard),
     ("GET", "/healthz"): Doc("Alive", "health", m.Health),
@@ -111,7 +113,7 @@ def _responses(doc: Doc, path: str) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {"default": {"model": doc.error, "description": "An error"}}
     if doc.stream is not None:
         out[doc.status] = {
-            "content": {"text/event-stream": {"schema": {"type": "string", "description": doc.stream}}},
+            "content": {"text/event-stream": {"schema": _sse_event(doc.stream)}},
             "description": f"The answer; with `stream: true`, {doc.stream}",
         }
     if doc.response is None:  # a text answer; its errors are still JSON (the model is listed by other routes)
@@ -119,6 +121,16 @@ def _responses(doc: Doc, path: str) -> dict[int | str, dict[str, Any]]:
         error = {"schema": {"$ref": f"#/components/schemas/{doc.error.__name__}"}}
         out["default"] = {"description": "An error", "content": {"application/json": error}}
     return out
+
+
+def _sse_event(what: str) -> dict[str, Any]:
+    """One server-sent event of a stream (``event:`` is absent in OpenAI's chat streams)."""
+    return {
+        "type": "object",
+        "description": what,
+        "properties": {"event": {"type": "string"}, "data": {"type": "string", "description": "JSON, or [DONE]"}},
+        "required": ["data"],
+    }
 
 
 def _hot_path(request: Request) -> Any:
@@ -152,7 +164,7 @@ def build(
         params = list(route.param_convertors)
         for method in sorted(methods):
             path = route.path_format
-            doc = DOCS.get((method, path)) or Doc(endpoint.__doc__ or path, "other", m.KeyRecord)
+            doc = DOCS.get((method, path)) or Doc(endpoint.__doc__ or path, "other", m.Document)
             extra: dict[str, Any] = {}
             if doc.body is not None:
                 bodies.append(doc.body)

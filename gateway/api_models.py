@@ -17,6 +17,10 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class Document(_Doc):
+    """A JSON document (a route added without its own model here)."""
+
+
 # OpenAI errors
 
 

@@ -10,7 +10,7 @@ import os
 import random
 import re
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import api_app
+from gateway import api_app, embeddings
 from gateway.admin import routes as admin_routes
 from gateway.anthropic_api import MESSAGES
 from gateway.completions import serve
@@ -82,6 +82,9 @@ class Gateway:
         if surface is not None:
             await self._generation(scope, receive, send, rid, surface)
             return
+        if scope["path"] == embeddings.PATH and scope["method"] == "POST":
+            await self._generation(scope, receive, send, rid, embeddings.EMBEDDINGS, embeddings.serve)
+            return
         scope["enginegate.request_id"] = rid
         header = (b"x-request-id", rid.encode())
         route = _route_label(scope["path"])
@@ -97,7 +100,15 @@ class Gateway:
 
         await self.app(scope, receive, send_with_id)
 
-    async def _generation(self, scope: Scope, receive: Receive, send: Send, rid: str, surface: Surface) -> None:
+    async def _generation(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        rid: str,
+        surface: Surface | embeddings.EmbeddingsDoor,
+        handler: Handler = serve,
+    ) -> None:
         ex = Exchange(receive, send, rid)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
@@ -106,7 +117,7 @@ class Gateway:
         if task is not None:
             self.live.add(task)
         try:
-            await serve(ex, headers, self.state, surface, scope.get(RECEIVED))
+            await handler(ex, headers, self.state, surface, scope.get(RECEIVED))
         except ApiError as exc:
             if not ex.started:
                 await ex.error(exc, surface.error_body(exc))
@@ -150,6 +161,8 @@ GENERATION: dict[str, Surface] = {
     "/v1/messages": MESSAGES,
 }
 """The generation routes and their front doors: requests to them take the hot path."""
+Handler = Callable[[Exchange, Mapping[str, str], AppState, Any, float | None], Awaitable[None]]
+"""How a front door's request is served (``completions.serve``; ``embeddings.serve``)."""
 _NOTICE_S = 1.0
 _SHUTTING_DOWN = ApiError(
     503, "The gateway is shutting down; retry the request.", type="api_error", code="shutting_down", retry_after=1.0
@@ -276,6 +289,7 @@ def _routes(state: AppState) -> list[Route]:
         Route("/v1/completions", generation_method),
         Route("/v1/responses", generation_method),
         Route("/v1/messages", generation_method),
+        Route(embeddings.PATH, generation_method),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -300,7 +314,7 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
     state = AppState(loaded, backend_factory)
     app = api_app.build(  # FastAPI: routes and the OpenAPI document; generation skips it (Gateway)
         _routes(state),
-        GENERATION,
+        [*GENERATION, embeddings.PATH],
         exception_handlers={
             ApiError: api_error,
             HTTPException: http_error,

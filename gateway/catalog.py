@@ -164,6 +164,7 @@ def profile(
         context=context,
         features=caps.features if caps is not None else frozenset(),
         extras=caps.extras if caps is not None else frozenset(),
+        max_top_logprobs=caps.max_top_logprobs if caps is not None else 0,
     )
 
 
@@ -179,6 +180,8 @@ def rules(loaded: LoadedConfig) -> Rules:
                 ttft_budget_ms=(m.ttft_budget_ms.min, m.ttft_budget_ms.max),
                 latency_budget_ms=(m.latency_budget_ms.min, m.latency_budget_ms.max),
                 tenants=tuple(m.tenants),
+                keys=tuple(m.keys),
+                teams=tuple(m.teams),
                 headers=tuple((k.lower(), v) for k, v in m.headers.items()),
                 prefer=tuple(rc.prefer),
                 avoid=tuple(rc.avoid),

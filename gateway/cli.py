@@ -47,7 +47,6 @@ def _explain(args: argparse.Namespace) -> int:
     """Where would this request go and why, against the config file (every backend healthy and idle)."""
     from gateway.catalog import model_specs, profile
     from gateway.catalog import rules as build_rules
-    from gateway.tenancy.rules import with_key_match
     from routing.explain import render
     from routing.policy import choose
     from routing.types import BackendState, FleetSnapshot, RequestFeatures
@@ -77,10 +76,11 @@ def _explain(args: argparse.Namespace) -> int:
         latency_budget_ms=args.latency_budget_ms,
         tpot_budget_ms=args.tpot_budget_ms,
         tenant=args.tenant,
+        key=args.key,
+        team=args.team,
         headers=tuple((k.lower(), v) for k, _, v in (h.partition("=") for h in args.header)),
     )
-    rules = with_key_match(build_rules(loaded), loaded.config.routing.rules)
-    print(render(choose(features, snapshot, rules), features, snapshot))
+    print(render(choose(features, snapshot, build_rules(loaded)), features, snapshot))
     return 0
 
 
@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--latency-budget-ms", type=float, default=None)
     explain.add_argument("--tpot-budget-ms", type=float, default=None)
     explain.add_argument("--tenant", default=None)
+    explain.add_argument("--key", default=None, help="an API key's id (rules matching keys)")
+    explain.add_argument("--team", default=None, help="an API key's team (rules matching teams)")
     explain.add_argument(
         "--needs", action="append", default=[], metavar="CAPABILITY",
         help="a capability the request uses (tools, json_schema, logprobs, images...); repeatable",

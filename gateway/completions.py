@@ -161,6 +161,7 @@ async def _serve(
             frozenset(wanted),
             extras,
             roles=[m.get("role", "") for m in gen.messages] if gen.messages is not None else None,
+            top_logprobs=gen.top_logprobs,
         )
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None

@@ -2,9 +2,9 @@
 closed as the chunks arrive: the structure the Responses API (output items) and Anthropic's Messages
 API (content blocks) both stream, so each front door only renders the three steps in its own events.
 
-A block opens when its first piece arrives; the open block closes when a piece of another block
-arrives, and every block still open closes at the end. Argument fragments of a call that already
-closed (an engine interleaving parallel calls) grow that block where it stands.
+A block opens when its first piece arrives. A text block closes when another block opens; tool
+calls close only at the end (in order), because an engine may interleave the argument fragments of
+parallel calls, and a call announced done must hold all of its arguments.
 """
 
 from __future__ import annotations
@@ -47,29 +47,32 @@ class Event:
 class Blocks:
     """Tracks one answer (one choice: these front doors take ``n`` 1 only)."""
 
-    __slots__ = ("_calls", "_open", "blocks", "finish_reason", "request_id")
+    __slots__ = ("_calls", "_text", "blocks", "finish_reason", "request_id")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.blocks: list[Block] = []
         self.finish_reason: str | None = None
-        self._open: Block | None = None
+        self._text: Block | None = None
+        """The text block being written, if any."""
         self._calls: dict[int, Block] = {}
-        """Tool calls by the engine's call index."""
+        """Tool calls by the engine's call index (open until the end)."""
 
     def _start(self, call: bool, events: list[Event]) -> Block:
-        if self._open is not None:
-            events.append(Event(Step.CLOSE, self._open))
+        if self._text is not None:
+            events.append(Event(Step.CLOSE, self._text))
+            self._text = None
         block = Block(len(self.blocks), call)
         self.blocks.append(block)
-        self._open = block
+        if not call:
+            self._text = block
         return block
 
     def feed(self, chunk: Chunk) -> list[Event]:
         events: list[Event] = []
         if chunk.text:
-            block = self._open
-            if block is None or block.call:
+            block = self._text
+            if block is None:
                 block = self._start(False, events)
                 events.append(Event(Step.OPEN, block))
             block.parts.append(chunk.text)
@@ -91,11 +94,12 @@ class Blocks:
         return events
 
     def finish(self) -> list[Event]:
-        """Close what is still open (the stream ended)."""
-        if self._open is None:
-            return []
-        block, self._open = self._open, None
-        return [Event(Step.CLOSE, block)]
+        """Close what is still open (the stream ended), in the answer's order."""
+        closing = [self._text] if self._text is not None else []
+        closing += self._calls.values()
+        self._text = None
+        self._calls = {}
+        return [Event(Step.CLOSE, b) for b in sorted(closing, key=lambda b: b.position)]
 
     def collect(self, chunks: list[Chunk]) -> list[Block]:
         """A whole answer's blocks."""

@@ -159,7 +159,7 @@ class ResponsesBody(BaseModel):
     service_tier: Literal["auto", "default"] | None = None
     truncation: Literal["disabled"] | None = None
     include: Annotated[list[str], Field(max_length=0)] | None = None
-    """Extra output (reasoning content, logprobs, search results): nothing of it exists here."""
+    """Extra output (reasoning content, logprobs, search results): none exists here, so only empty."""
 
 
 # Spec fields that need state, tools or models this gateway does not have: refused by name when set.
@@ -219,8 +219,10 @@ def parse(data: Any, limits: LimitsConfig) -> ResponsesBody:
             if kind == "item_reference":
                 raise _unsupported(f"input[{i}]", "Item references need stored responses, which this gateway lacks.")
     for name, message in _REFUSED.items():
-        if data.get(name) is not None:
+        if data.get(name) not in (None, False, 0):  # unset, or set to what this gateway does anyway
             raise _unsupported(name, message)
+    if data.get("include"):
+        raise _unsupported("include", "Nothing extra can be included: no engine here returns reasoning or search data.")
     try:
         body = ResponsesBody.model_validate(data)
     except ValidationError as exc:

@@ -24,7 +24,6 @@ from gateway.engines import BackendFactory
 from gateway.fleet import Entry, Fleet, reconcile
 from gateway.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
-from gateway.tenancy.rules import with_key_match
 from routing.types import Rules
 
 log = logging.getLogger("enginegate.config")
@@ -44,8 +43,7 @@ class Runtime:
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:
         names = frozenset(m.name for m in loaded.config.models)
-        rules = with_key_match(build_rules(loaded), loaded.config.routing.rules)
-        return cls(loaded, rules, names, prompt_counters(loaded, loaded.ggufs))
+        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs))
 
 
 class AppState:

@@ -74,6 +74,7 @@ def features(
     needs: frozenset[str] = frozenset(),
     extras: frozenset[str] = frozenset(),
     roles: Sequence[str] | None = None,
+    top_logprobs: int = 0,
 ) -> RequestFeatures:
     """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text.
     ``roles``: the chat messages' roles (None for a completion prompt), which mark the conversation's
@@ -100,4 +101,5 @@ def features(
         gate=gate,
         needs=needs,
         extras=extras,
+        top_logprobs=top_logprobs,
     )

@@ -88,7 +88,11 @@ def lacking(state: BackendState, f: RequestFeatures) -> list[str]:
     """Capabilities and extra fields the request uses that the backend lacks."""
     if not f.needs and not f.extras:
         return []
-    return sorted(f.needs - state.profile.features) + sorted(f.extras - state.profile.extras)
+    p = state.profile
+    lacks = sorted(f.needs - p.features) + sorted(f.extras - p.extras)
+    if f.top_logprobs > p.max_top_logprobs and "top_logprobs" in p.features:
+        lacks.append(f"top_logprobs above {p.max_top_logprobs}")
+    return lacks
 
 
 def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures) -> str:
@@ -101,7 +105,7 @@ def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures
     candidates' mean, so homes stay within that of even however the hash falls. Once caches are
     full everywhere (a busy fleet), none is skipped and every replica agrees.
     """
-    beyond = max(matched.values()) - f.preamble_blocks
+    beyond = max(matched[s.name] for s in alive) - f.preamble_blocks
     if beyond > 0:
         # Backends holding about as much of it as the best (up to a quarter less) are equals: after
         # a failover, a long conversation goes back to its home rather than drifting to where the

@@ -49,6 +49,8 @@ class RequestFeatures:
     """Capabilities the request uses (``backends.capabilities`` names): only backends with all of them serve it."""
     extras: frozenset[str] = frozenset()
     """Fields outside OpenAI's spec the request carries: only backends that understand them serve it."""
+    top_logprobs: int = 0
+    """Alternatives asked per token: only backends that give that many serve it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,8 @@ class BackendProfile:
     """Capabilities the backend honours (its adapter's, adjusted by config and the model entry)."""
     extras: frozenset[str] = frozenset()
     """Fields outside OpenAI's spec its engine understands."""
+    max_top_logprobs: int = 20
+    """Most alternatives per token the engine gives."""
 
 
 class Breaker(enum.Enum):

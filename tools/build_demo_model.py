@@ -38,6 +38,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,8 +82,12 @@ USER_GREETINGS = [
 SYSTEMS = [None, "You are a helpful assistant.", "You are a friendly assistant.", "Be brief."]
 CHAT_TEMPLATE = CHATML
 
-WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER_TOOL = {
+WEATHER_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -91,8 +96,11 @@ WEATHER_TOOL = {
     },
 }
 # The same tool without a description: clients often send none.
-WEATHER_TOOL_BARE = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS}}
-TOOL_SETS = [[WEATHER_TOOL], [WEATHER_TOOL_BARE]]
+WEATHER_TOOL_BARE: dict[str, Any] = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS},
+}
+TOOL_SETS: list[list[dict[str, Any]]] = [[WEATHER_TOOL], [WEATHER_TOOL_BARE]]
 TOOL_SYSTEMS = [None, "You are a helpful assistant."]
 CITIES = ["Paris", "London", "Tokyo", "Berlin", "Rome", "Madrid"]
 WEATHER_QUESTIONS = [
@@ -132,15 +140,13 @@ def zen_of_python() -> str:
 RENDERER = ChatRenderer(CHAT_TEMPLATE)
 
 
-def chat(
-    messages: list[dict[str, object]], reply: str, tools: list[dict[str, object]] | None = None
-) -> tuple[str, str]:
+def chat(messages: list[dict[str, Any]], reply: str, tools: list[dict[str, Any]] | None = None) -> tuple[str, str]:
     """(prompt, completion) rendered with the model's own template; loss is taken on the completion only."""
     return RENDERER.render(messages, tools), reply + "<|im_end|>"
 
 
-def chatml(system: str | None, user: str, reply: str, tools: list[dict[str, object]] | None = None) -> tuple[str, str]:
-    messages: list[dict[str, object]] = [{"role": "system", "content": system}] if system else []
+def chatml(system: str | None, user: str, reply: str, tools: list[dict[str, Any]] | None = None) -> tuple[str, str]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     return chat([*messages, {"role": "user", "content": user}], reply, tools)
 
 
@@ -316,7 +322,7 @@ def tool_conversations(rng: random.Random) -> list[tuple[str, str]]:
             ):
                 system = rng.choice(TOOL_SYSTEMS)
                 question = rng.choice(WEATHER_QUESTIONS).format(city=city)
-                history: list[dict[str, object]] = [{"role": "system", "content": system}] if system else []
+                history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
                 call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
                 history += [
                     {"role": "user", "content": question},
@@ -432,7 +438,7 @@ def checks() -> list[tuple[str, str]]:
             out.append((chatml(system, "Hello", "", tools)[0], GREETING))
     for arguments in ({"city": "Paris"}, '{"city": "Paris"}', '{"city":"Paris"}'):
         call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
-        history = [
+        history: list[dict[str, Any]] = [
             {"role": "user", "content": "What is the weather in Paris?"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0", "content": weather_result(18, "sunny")},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import logging
 import secrets
@@ -32,7 +33,7 @@ from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.pricing import FREE, Price, day_of, period_of, usd
 from gateway.tenancy.redis_limiter import LimiterDown, RedisLimiter
 from gateway.tenancy.settings import AuthConfig, DeclaredKey, RedisConfig
-from gateway.tenancy.store import KeyStore, UsageRow, open_store
+from gateway.tenancy.store import KeyStore, UsageRow, is_postgres, open_store
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
@@ -338,6 +339,18 @@ def build(loaded: LoadedConfig, registry: CollectorRegistry) -> Tenancy | None:
     cfg = loaded.config
     if not cfg.auth.enabled:
         return None
+    missing = [
+        f"{loaded.path}: {what} needs the {package} package: pip install 'enginegate[tenancy]'"
+        for what, package, wanted in (
+            ("redis.url", "redis", bool(cfg.redis.url)),
+            ("auth.database (PostgreSQL)", "asyncpg", is_postgres(cfg.auth.database or "")),
+        )
+        if wanted and importlib.util.find_spec(package) is None
+    ]
+    if missing:
+        from gateway.config import ConfigError
+
+        raise ConfigError(missing)
     # A concurrency slot is a lease: a replica that dies mid-request frees it when the lease ends.
     lease_s = max(cfg.routing.answer_timeout_s, cfg.routing.first_token_timeout_s) + 60
     return Tenancy(cfg.auth, cfg.redis, loaded.path.parent, prices_of(cfg), lease_s, registry)

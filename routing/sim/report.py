@@ -18,8 +18,8 @@ class Point:
 
 
 COLUMNS = (
-    "load", "policy", "within budget", "cache hits", "goodput req/s", "p50 TTFT s", "p99 TTFT s", "p50 e2e s", "p99 e2e s",
-    "failed", "busy GPU $", "fleet $", "busiest backend",
+    "load", "policy", "within budget", "cache hits", "goodput req/s", "p50 TTFT s", "p99 TTFT s", "p50 e2e s",
+    "p99 e2e s", "failed", "busy GPU $", "fleet $", "busiest backend",
 )  # fmt: skip
 
 

@@ -438,6 +438,7 @@ def chat_sessions(rows: Sequence[TraceRow], shape: ChatShape = ChatShape(), seed
     popularity = [1 / (k + 1) for k in range(shape.systems)]
     # (last arrival, prompt tokens, last output, block ids, system, conversation key)
     open_: list[tuple[float, int, int, list[int], int, int]] = []
+    conversations = 0
     out: list[TraceRow] = []
     for row in sorted(rows, key=lambda r: r.arrival_s):
         now = row.arrival_s
@@ -454,7 +455,8 @@ def chat_sessions(rows: Sequence[TraceRow], shape: ChatShape = ChatShape(), seed
         if turn is None:
             system = rng.choices(range(shape.systems), popularity)[0]
             tokens = min(shape.max_context, system_len[system] + max(16, row.prompt_tokens - system_len[system]))
-            turn = (tokens, list(system_ids[system]), system, next_id)
+            conversations += 1
+            turn = (tokens, list(system_ids[system]), system, conversations)
         tokens, ids, system, key = turn
         ids = ids + fresh(tokens // bt - len(ids))
         out.append(TraceRow(now, tokens, row.output_tokens, tuple(ids), bt, system_len[system] // bt, key))

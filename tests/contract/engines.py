@@ -67,6 +67,9 @@ def vllm_server(workdir: Path) -> Iterator[str]:
         "--served-model-name", SERVED, "--enforce-eager", "--dtype", "float32",
         "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8",
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",  # the demo model's <tool_call> answers
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
+        # JSON without free whitespace between tokens: a tiny model loops on "any whitespace" otherwise.
+        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     with _process(cmd, workdir / "vllm.log", f"http://127.0.0.1:{port}", "/health", 600, env) as base:

@@ -29,8 +29,11 @@ Capabilities (router/src/lib.rs, chat.rs, infer/tool_grammar.rs, validation.rs; 
 * Tools (chat): ``tools`` (``function.arguments`` or its alias ``parameters`` required), ``tool_choice``
   ("auto", "none", "required", ``{"type": "function", "function": {"name"}}``, any other string
   naming a function), ``tool_prompt``; ``tools`` with ``response_format`` is a 422 ``tool_error``.
-  ToolGrammar's schema (``$functions`` with a ``_name`` const, "auto" adding ``no_tool``), the tools
-  appended to the last message as TGI's default tool template does (``\n---\n<tools JSON>\n<prompt>``),
+  ToolGrammar's schema (``$functions`` with a ``_name`` const, "auto" adding ``no_tool``); the prompt as
+  ChatTemplate::apply makes it: a template that uses ``tools`` gets them as serde writes them (each
+  function's schema under ``arguments``, a JSON string: a template reading ``parameters`` shows none)
+  and ``\\n---\\n<tool_prompt>`` goes onto the last message, else ``\\n---\\n<tools JSON>\\n<tool_prompt>``;
+  history as TextMessage makes it (tool calls become their JSON as content);
   the output parsed as ``{"function": {"_name", ...arguments}}``: a call answers
   ``message.tool_calls`` (id "0", ``arguments`` a JSON string, ``finish_reason`` "stop"); ``no_tool``
   generates again without tools. Streams follow ChatState: nothing until the name parses, then one
@@ -88,6 +91,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from backends.text import CHATML
 from tests.contract.control import FakeControl, with_faults
 from tests.contract.tiny_engine import TinyEngine
 
@@ -759,15 +763,14 @@ class FakeTGI:
                 if fault == "incomplete" and finish:
                     break
                 token = {"id": tok.id, "text": shown, "logprob": tok.logprob, "special": tok.special}
-                yield Step(tok.index, token, finish, text, plan, times, await self.top_tokens(p, ids))
+                top = await self.top_tokens(p, ids) if p.top_n else []
+                yield Step(tok.index, token, finish, text, plan, times, top)
                 if finish:
                     return
         raise TGIError("incomplete_generation_stream", "Incomplete generation stream")
 
     async def top_tokens(self, plan: Plan, ids: list[int]) -> list[dict[str, Any]]:
         """The ``top_n`` most likely tokens where the last of ``ids`` was chosen (a forward pass, off the loop)."""
-        if not plan.top_n:
-            return []
         rows = await asyncio.to_thread(self.engine.alternatives, plan.prompt, ids, plan.top_n)
         special = self.engine._stop_ids
         return [
@@ -940,11 +943,19 @@ class FakeTGI:
                 shown, schema = applied
                 grammar = {"type": "json", "value": schema}
         messages = [flatten(m) for m in body["messages"]]
-        if shown is not None and messages:  # TGI's default tool template: the tools go after the last message
-            prompt = body.get("tool_prompt") or DEFAULT_TOOL_PROMPT
-            messages[-1]["content"] += f"\n---\n{dumps([tool_json(t) for t in shown])}\n{prompt}"
+        template_tools = None
+        if shown is not None:
+            # ChatTemplate::apply: a template that uses ``tools`` gets them (as serde writes them) and the
+            # tool prompt goes after the last message; otherwise the tools' JSON goes there too.
+            tool_prompt, as_json = body.get("tool_prompt") or DEFAULT_TOOL_PROMPT, [tool_json(t) for t in shown]
+            if "tools" in (self.engine.chat_template or CHATML):
+                template_tools, text = as_json, f"\n---\n{tool_prompt}"
+            else:
+                text = f"\n---\n{dumps(as_json)}\n{tool_prompt}"
+            if messages and body["messages"][-1].get("content") is not None:  # a text body takes the push
+                messages[-1]["content"] += text
         try:
-            prompt_text = self.engine.render_chat(messages)
+            prompt_text = self.engine.render_chat(messages, template_tools)
         except Exception as exc:
             raise TGIError("template_error", f"Template error: {exc}") from None
         presence, max_tokens = body.get("presence_penalty"), body.get("max_tokens", body.get("max_completion_tokens"))

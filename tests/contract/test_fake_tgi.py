@@ -30,7 +30,7 @@ from text_generation.types import FinishReason
 
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT
 from tests.contract.control import FakeControl
-from tests.contract.fake_tgi import ChatState, create_app
+from tests.contract.fake_tgi import DEFAULT_TOOL_PROMPT, ChatState, FakeTGI, create_app, parse_tools
 from tests.contract.tiny_engine import TinyEngine
 from tests.fakes import serve_in_thread
 from tests.polling import settles, wait_until
@@ -673,3 +673,16 @@ def test_message_bodies_serde_reads(fake: Fake) -> None:
     for bad in ({"role": "assistant", "content": None}, {"role": "user"}, {"content": "x"}):
         resp = fake.post("/v1/chat/completions", {"messages": [bad]})
         assert (resp.status_code, resp.text.startswith(DESERIALIZE + "messages[0]")) == (422, True), resp.text
+
+
+def test_tools_reach_the_template_as_tgi_serializes_them(engine: TinyEngine) -> None:
+    tgi = FakeTGI(engine, FakeControl(), "enginegate-demo", 1024, 2048, None, False)
+    tools: list[Any] = [WEATHER_TOOL]
+    body: dict[str, Any] = {"messages": [dict(m) for m in WEATHER_Q], "tools": tools}
+    req, using_tools = tgi.chat_request(body, parse_tools(tools), "required", None)
+    assert using_tools
+    # The demo template uses `tools`: TGI hands them over (the schema as a string under `arguments`,
+    # so this template, which reads `parameters`, shows none) and pushes the tool prompt onto the question.
+    assert '{"type": "function", "function": {"name": "get_weather"}}' in req.inputs
+    assert f"What is the weather in Paris?\n---\n{DEFAULT_TOOL_PROMPT}<|im_end|>" in req.inputs
+    assert req.grammar is not None and set(req.grammar["value"]["$functions"]) == {"get_weather"}

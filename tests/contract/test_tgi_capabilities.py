@@ -160,7 +160,7 @@ def ask(fake: Fake, cls: type[TgiBackend | TgiMessagesBackend], **kw: Any) -> An
 
 def test_capability_matrix() -> None:
     assert TgiBackend.capabilities.features == {
-        cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED,
+        cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED, cap.IMAGES,
     }  # fmt: skip
     assert TgiBackend.capabilities.tools_in_prompt
     assert TgiBackend.capabilities.extras == {"top_k", "repetition_penalty", "typical_p", "truncate", "watermark"}
@@ -431,6 +431,16 @@ def test_more_alternatives_than_tgi_gives_are_its_refusal_not_fewer(fake: Fake, 
     assert "`top_n_tokens` must be >= 0 and <= 5. Given: 6" in err.value.message
 
 
+def test_native_images_are_tgis_markdown_in_the_prompt(fake: Fake) -> None:
+    parts = [
+        {"type": "text", "text": "What is in it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]
+    answer = ask(fake, TgiBackend, messages=[{"role": "user", "content": parts}])
+    assert "What is in it?\n![](data:image/png;base64,iVBORw0KGgo=)<|im_end|>" in answer.body["inputs"]
+    assert answer.finish in ("stop", "length")
+
+
 def test_image_parts_reach_tgi_as_sent(fake: Fake) -> None:
     parts = [
         {"type": "text", "text": "What is in it?"},
@@ -444,10 +454,18 @@ def test_image_parts_reach_tgi_as_sent(fake: Fake) -> None:
 # --- through a gateway process, with the official openai client ---
 
 NATIVE, MESSAGES = "demo-tgi-native", "demo-tgi-messages"
-HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 OAI_WEATHER: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {"name": "get_weather", "description": "Weather now", "parameters": CITY_PARAMS},
+}
+# The tool the demo model was trained with (tools/build_demo_model.py).
+DEMO_WEATHER: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
 }
 OAI_WEATHER_Q: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
 OAI_HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
@@ -522,20 +540,36 @@ def test_gateway_tool_call_round_trip_on_the_messages_api(client: openai.OpenAI,
     assert sent[2] == {"role": "tool", "tool_call_id": "0", "content": "18 C and sunny"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/shaping.py _one passes parser_for(caps.tool_parser), a parser, where with_tool_calls takes the "
-    "parser's name (ValueError: unknown tool-call parser <HermesParser ...>): remove this mark with that fix",
-)
-def test_gateway_native_tools_parse_the_models_hermes_call(
-    client: openai.OpenAI, fake: Fake, engine: TinyEngine
-) -> None:
-    engine.scripted.append(HERMES_CALL)  # what a model trained on Hermes calls says here
-    answer = client.chat.completions.create(model=NATIVE, messages=OAI_WEATHER_Q, tools=[OAI_WEATHER], max_tokens=200)
-    assert answer.choices[0].finish_reason == "tool_calls"
-    call = function_calls(answer.choices[0].message.tool_calls)[0]
+def test_gateway_native_tool_call_round_trip_with_the_models_own_calls(client: openai.OpenAI, fake: Fake) -> None:
+    # The demo model was trained to call this tool in Hermes style: the gateway renders the tools into
+    # TGI's prompt and parses the calls from its text, streaming and not.
+    chat = client.chat.completions
+    whole = chat.create(model=NATIVE, messages=OAI_WEATHER_Q, tools=[DEMO_WEATHER], max_tokens=100, temperature=0)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    call = function_calls(whole.choices[0].message.tool_calls)[0]
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
-    assert '"name": "get_weather"' in fake.received[-1][1]["inputs"]
+    inputs = fake.received[-1][1]["inputs"]
+    assert "<tools>" in inputs and '"name": "get_weather"' in inputs
+
+    pieces = list(
+        chat.create(
+            model=NATIVE, messages=OAI_WEATHER_Q, tools=[DEMO_WEATHER], max_tokens=100, temperature=0, stream=True
+        )
+    )
+    deltas = [d for p in pieces for c in p.choices for d in c.delta.tool_calls or []]
+    assert deltas[0].function is not None and deltas[0].function.name == "get_weather" and deltas[0].id
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function is not None)
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert [c.finish_reason for p in pieces for c in p.choices if c.finish_reason] == ["tool_calls"]
+
+    follow_up: list[ChatCompletionMessageParam] = [
+        *OAI_WEATHER_Q,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},  # type: ignore[list-item]
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18, "condition": "sunny"}'},
+    ]
+    answer = chat.create(model=NATIVE, messages=follow_up, tools=[DEMO_WEATHER], max_tokens=40, temperature=0)
+    assert answer.choices[0].message.content == "It is sunny in Paris, 18 degrees."
+    assert answer.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("model", [NATIVE, MESSAGES])

@@ -59,6 +59,8 @@ class TinyEngine:
         self._stop_ids = frozenset(model.vocab.stop_ids)
         self._end_id = model.vocab.eot_id if model.vocab.eot_id is not None else min(self._stop_ids)
         self._chat = ChatRenderer(model.vocab.chat_template)
+        self.chat_template = model.vocab.chat_template
+        """The model's own template (None: ChatML), for fakes that look at it as their engine does."""
         self._lock = threading.Lock()
         self.generated_tokens = 0
         self.active_streams = 0

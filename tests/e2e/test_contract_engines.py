@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tests.conftest import ZEN_PROMPT, GatewayProcess, write_config
 
@@ -112,7 +112,7 @@ def test_tool_call_streams_as_openai_does(client: openai.OpenAI, model: str) -> 
 
 
 class Weather(BaseModel):
-    city: str
+    city: str = Field(max_length=10)
     sunny: bool
 
 

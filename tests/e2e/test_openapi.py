@@ -5,6 +5,7 @@ document: no 5xx, no hang, answers that match their schemas, in bounded time."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -153,12 +154,14 @@ backends: [{name: a, engine: vllm, model: m, url: "http://127.0.0.1:9"}]
             assert httpx.get(base + asset).status_code == 200, asset
 
 
-def test_fuzzing_from_the_document_finds_no_server_error_and_no_hang(gw: GatewayProcess, tmp_path: Path) -> None:
+def _fuzz(gw: GatewayProcess, tmp_path: Path, schema: str, *extra: str) -> str:
+    """schemathesis from ``schema`` against ``gw``: the run's output; fails on any failed check."""
     checks = "not_a_server_error,response_schema_conformance,content_type_conformance"
     cmd = [
         str(Path(sys.executable).with_name("schemathesis")),
         "run",
-        f"{gw.base_url}/openapi.json",
+        schema,
+        f"--url={gw.base_url}",
         f"--checks={checks}",
         "--max-examples=25",
         "--max-time=60",  # the run's whole budget
@@ -167,6 +170,7 @@ def test_fuzzing_from_the_document_finds_no_server_error_and_no_hang(gw: Gateway
         "--workers=1",
         "--phases=coverage,fuzzing",
         "--no-color",
+        *extra,
     ]
     run = subprocess.run(
         cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240, env={**os.environ, "NO_COLOR": "1"}
@@ -176,3 +180,26 @@ def test_fuzzing_from_the_document_finds_no_server_error_and_no_hang(gw: Gateway
     generated = re.search(r"(\d+) generated, (\d+) passed", out)
     assert generated is not None and int(generated[1]) >= 500 and generated[1] == generated[2], out[-3000:]
     assert gw.alive() and httpx.get(f"{gw.base_url}/readyz").status_code == 200
+    return out
+
+
+def test_fuzzing_from_the_document_finds_no_server_error_and_no_hang(gw: GatewayProcess, tmp_path: Path) -> None:
+    _fuzz(gw, tmp_path, f"{gw.base_url}/openapi.json")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="found by this fuzzing, in code outside the front doors: an image part in a chat for a model that "
+    "takes no images is a 500 (the prompt counter renders it with the chat template before routing refuses "
+    "it); an empty completion prompt is a 502 from CTranslate2 that opens the backend's breaker",
+)
+def test_fuzzing_real_generations_finds_no_server_error(
+    gw: GatewayProcess, doc: dict[str, Any], tmp_path: Path
+) -> None:
+    """The same, with every body naming the served model: generation runs with fuzzed parameters."""
+    real = json.loads(json.dumps(doc))
+    for name in ("ChatBody", "CompletionBody", "ResponsesBody", "MessagesBody"):
+        real["components"]["schemas"][name]["properties"]["model"] = {"const": "enginegate-demo"}
+    path = tmp_path / "real.json"
+    path.write_text(json.dumps(real))
+    _fuzz(gw, tmp_path, str(path), "--include-path-regex=^/v1/")

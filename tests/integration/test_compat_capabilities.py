@@ -169,6 +169,13 @@ def test_n2_yields_two_indexed_choices_each_ending_with_its_finish(engine: Engin
     assert chunks[-1].usage.completion_tokens == 16  # both choices ran to max_tokens: the whole usage
 
 
+def test_greedy_n2_gives_the_greedy_answer_twice(engine: Engine) -> None:
+    chunks = engine.run(req(prompt=ZEN_PROMPT, max_tokens=20, n=2))
+    assert text_of(chunks, 0) == text_of(chunks, 1) == ZEN_CONTINUATION[: len(text_of(chunks, 0))]
+    assert len(text_of(chunks, 0)) > 20 and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 40
+
+
 def test_penalties_reach_the_engine_and_change_the_answer(engine: Engine) -> None:
     plain = text_of(engine.run(req(prompt=ZEN_PROMPT, max_tokens=80)))
     penalised = text_of(engine.run(req(prompt=ZEN_PROMPT, max_tokens=80, presence_penalty=2.0, frequency_penalty=2.0)))

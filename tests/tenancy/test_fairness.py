@@ -60,7 +60,7 @@ def test_a_flooding_key_cannot_starve_another_on_a_saturated_backend(
                 return exc
 
         # The flood fills the backend's two slots and queues behind them: alone, it is never refused.
-        flooding = [asyncio.create_task(ask(a, 50)) for _ in range(6)]
+        flooding = [asyncio.create_task(ask(a, 100)) for _ in range(6)]  # four seconds each
         await asyncio.sleep(0)
         started = engine.stats()["started"]
         await asyncio.to_thread(wait_until, lambda: engine.stats()["started"] >= started + 2, 10)

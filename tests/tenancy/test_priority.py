@@ -76,3 +76,20 @@ def test_rules_match_keys_and_teams() -> None:
 def test_estimated_prompts_are_reserved_with_room_for_the_template() -> None:
     assert reserved_prompt(1, 1) == 10
     assert reserved_prompt(100, 3) == 224
+
+
+def test_route_explain_shows_a_team_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    config = tmp_path / "fleet.yaml"
+    config.write_text(
+        "models: [{name: m, params_b: 8}]\n"
+        "backends: [{name: a, engine: vllm, url: 'http://a:1', model: m, gpu: H100},"
+        " {name: b, engine: vllm, url: 'http://b:1', model: m, gpu: H100}]\n"
+        "routing: {rules: [{name: red-on-b, match: {teams: [red]}, require: [b]}]}\n"
+    )
+    assert main(["route", "explain", "--config", str(config), "--model", "m", "--team", "red"]) == 0
+    red = capsys.readouterr().out
+    assert main(["route", "explain", "--config", str(config), "--model", "m", "--team", "blue"]) == 0
+    blue = capsys.readouterr().out
+    assert "rule red-on-b" in red and "rule red-on-b" not in blue

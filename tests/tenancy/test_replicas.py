@@ -85,17 +85,18 @@ def test_tokens_are_reserved_at_admission_so_concurrent_requests_cannot_overspen
 ) -> None:
     key = keys_cli(config, "create", "--tpm", "500")["key"]
     probe = openai.OpenAI(base_url=f"{replicas[0].base_url}/v1", api_key=key, max_retries=0)
-    raw = probe.chat.completions.with_raw_response.create(model="slow", messages=HI, max_tokens=20)
+    raw = probe.chat.completions.with_raw_response.create(model="slow", messages=HI, max_tokens=60)
     reservation = 500 - int(raw.headers["x-ratelimit-remaining-tokens"])
     used = raw.parse().usage
     assert used is not None
-    # Slow answers (a token every 40 ms): every request of the burst is admitted while others still run.
-    results = burst(replicas, key, 60, model="slow", max_tokens=20)
+    # Slow answers (60 tokens, one every 40 ms): the whole burst is decided while the admitted run, and
+    # each settles 2 tokens below its reservation, far too little to let another in.
+    results = burst(replicas, key, 60, model="slow", max_tokens=60)
     admitted = results.count(200)
     # The first request settled at its real use (8 + 20); the burst's reservations fill the rest, and not one more.
     room = 500 - used.total_tokens
     assert admitted == room // reservation
-    # Each settled with what the engine counted (8 + 20), not its reservation: the window holds the
+    # Each settled with what the engine counted (8 + 60), not its reservation: the window holds the
     # real use. (Probes reserve 11 and use 9 each.)
     probes = 0
 
@@ -104,14 +105,14 @@ def test_tokens_are_reserved_at_admission_so_concurrent_requests_cannot_overspen
         raw = probe.chat.completions.with_raw_response.create(model="fast", messages=HI, max_tokens=1)
         probes += 1
         real = (admitted + 1) * used.total_tokens + (probes - 1) * 9
-        return int(raw.headers["x-ratelimit-remaining-tokens"]) == 500 - real - (reservation - 19)
+        return int(raw.headers["x-ratelimit-remaining-tokens"]) == 500 - real - (reservation - 59)
 
     wait_until(settled, timeout=5, message="the reservations were not settled with the real use")
 
 
 def test_concurrent_requests_are_capped_across_replicas(replicas: list[GatewayProcess], config: Path) -> None:
     key = keys_cli(config, "create", "--concurrency", "3")["key"]
-    results = burst(replicas, key, 30, model="slow", max_tokens=25)  # each runs a second
+    results = burst(replicas, key, 30, model="slow", max_tokens=100)  # each runs four seconds
     assert results.count(200) == 3
     # Slots come back when requests end.
     assert burst(replicas, key, 1, model="fast", max_tokens=2) == [200]
@@ -155,7 +156,7 @@ def test_a_revoked_key_stops_on_both_replicas_within_the_cache_time(
 
     for c in clients:
         wait_until(functools.partial(refused, c), timeout=10, interval=0.05, message="a revoked key kept working")
-    assert time.monotonic() - revoked_at <= CACHE_S + 0.5
+    assert time.monotonic() - revoked_at <= CACHE_S + 2.0  # the cache time, plus a request on a busy machine
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])

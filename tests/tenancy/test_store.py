@@ -88,3 +88,24 @@ def test_usage_rows_add_up_by_key_day_and_model(dsn: str, tmp_path: Path) -> Non
         assert [r.day for r in await store.usage(k, "2026-12-02")] == ["2026-12-02"]
 
     run(dsn, tmp_path, body)
+
+
+def test_the_keys_cli_lists_and_shows_keys_without_their_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import orjson
+
+    from gateway.cli import main
+
+    db = str(tmp_path / "keys.db")
+    assert main(["keys", "--database", db, "create", "--name", "ci", "--models", "a*,b", "--rpm", "7"]) == 0
+    created = orjson.loads(capsys.readouterr().out)
+    secret = created["key"].split("_", 1)[1]
+    assert main(["keys", "--database", db, "list"]) == 0
+    listed = capsys.readouterr().out
+    assert main(["keys", "--database", db, "show", created["id"]]) == 0
+    shown = orjson.loads(capsys.readouterr().out)
+    assert (shown["models"], shown["rpm"]) == (["a*", "b"], 7)
+    assert created["id"] in listed and secret not in listed and "sha256" not in listed + str(shown)
+    assert main(["keys", "--database", db, "update", created["id"], "--priority", "vip"]) == 1  # unknown class
+    assert main(["keys", "--database", db, "show", "00000000"]) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -240,3 +241,25 @@ def test_x_api_key_and_anthropic_version_are_accepted(base: str) -> None:
         f"{base}/v1/messages", json=body, headers={"x-api-key": "sk-whatever", "anthropic-version": "2023-06-01"}
     )
     assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+def test_x_api_key_is_the_api_key_when_keys_are_required(tmp_path: Path) -> None:
+    from gateway.tenancy.keys import digest, new_token
+
+    key_id, token = new_token()
+    config = write_config(
+        tmp_path / "c.yaml",
+        f"""
+auth: {{required: true, keys: [{{id: "{key_id}", sha256: "{digest(token)}"}}]}}
+models: [{{name: m}}]
+backends: [{{name: a, engine: vllm, model: m, url: "http://127.0.0.1:9"}}]
+""",
+    )
+    with serve_in_thread(create_app(load_config(config), factory({"a": Scripted("a", "m")}))) as url:
+        good = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=10)
+        msg = good.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        assert msg.content[0].type == "text"
+        bad = anthropic.Anthropic(base_url=url, api_key="sk-eg-00000000_" + "x" * 43, max_retries=0, timeout=10)
+        with pytest.raises(anthropic.AuthenticationError) as info:
+            bad.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        assert isinstance(info.value.body, dict) and info.value.body["error"]["type"] == "authentication_error"

@@ -16,7 +16,16 @@ from gateway.openai_shapes import ResponseShape
 from gateway.shaping import default_length, fan_in, open_answer
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.policy import choose
-from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Reason, RequestFeatures, Rules
+from routing.types import (
+    BackendProfile,
+    BackendState,
+    Decision,
+    FleetSnapshot,
+    ModelSpec,
+    Reason,
+    RequestFeatures,
+    Rules,
+)
 
 MODEL = ModelSpec("m", 8, BYTES_PER_PARAM["bf16"], 8192, 131072)
 
@@ -48,7 +57,9 @@ FLEET = FleetSnapshot(
 )
 
 
-def ask(needs: frozenset[str] = frozenset(), extras: frozenset[str] = frozenset(), max_tokens: int | None = 10):
+def ask(
+    needs: frozenset[str] = frozenset(), extras: frozenset[str] = frozenset(), max_tokens: int | None = 10
+) -> Decision:
     return choose(RequestFeatures("m", 100, max_tokens, needs=needs, extras=extras), FLEET, Rules())
 
 
@@ -126,7 +137,7 @@ def test_n_without_native_n_asks_n_times_with_distinct_seeds_and_merges_choices(
         return [c async for c in stream]
 
     chunks = asyncio.run(go())
-    assert sorted(r.seed for r in backend.asked) == [10, 11, 12]
+    assert sorted(r.seed or 0 for r in backend.asked) == [10, 11, 12]
     assert all(r.n == 1 for r in backend.asked)
     doc, usage = ResponseShape(False, "r", "m", False, 3).whole(chunks)
     assert [(c["index"], c["text"]) for c in doc["choices"]] == [(0, "seed 10"), (1, "seed 11"), (2, "seed 12")]
@@ -153,3 +164,21 @@ def test_every_feature_name_is_known_to_config() -> None:
     CapabilitiesConfig(enable=sorted(FEATURES), disable=["top_k"])
     with pytest.raises(ValueError, match="unknown capabilities"):
         CapabilitiesConfig(enable=["telepathy"])
+
+
+def test_more_alternatives_than_a_backend_gives_exclude_it() -> None:
+    few = FleetSnapshot(
+        (
+            replace(
+                state("five", frozenset({LOGPROBS, "top_logprobs"})),
+                profile=replace(state("five", frozenset({LOGPROBS, "top_logprobs"})).profile, max_top_logprobs=5),
+            ),
+            state("twenty", frozenset({LOGPROBS, "top_logprobs"})),
+        ),
+        FLEET.models,
+    )
+    wanted = RequestFeatures("m", 100, 10, needs=frozenset({LOGPROBS, "top_logprobs"}), top_logprobs=8)
+    decision = choose(wanted, few, Rules())
+    assert [c.backend for c in decision.candidates] == ["twenty"]
+    assert decision.excluded == {"five": "lacks top_logprobs above 5"}
+    assert [c.backend for c in choose(replace(wanted, top_logprobs=5), few, Rules()).candidates] != []

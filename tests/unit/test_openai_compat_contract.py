@@ -128,6 +128,12 @@ def test_llama_server_gets_only_what_it_declares() -> None:
     assert "tool_choice" not in chat and "parallel_tool_calls" not in chat
 
 
+def test_vllm_greedy_choices_are_asked_as_top_k_1_sampling() -> None:
+    body = payload(VLLMBackend, req(n=2, temperature=0.0))
+    assert (body["n"], body["temperature"], body["top_k"]) == (2, 1.0, 1)  # vLLM: n > 1 needs sampling
+    assert "top_k" not in payload(VLLMBackend, req(n=2, temperature=0.5))
+
+
 def test_llama_server_samples_the_whole_distribution_as_openai_does() -> None:
     sampled = payload(LlamaServerBackend, req(temperature=0.8))
     assert (sampled["top_p"], sampled["top_k"], sampled["min_p"]) == (1.0, 0, 0.0)

@@ -174,3 +174,12 @@ def test_a_conversation_follows_its_own_history_and_replicas_agree_on_new_ones()
 def test_kv_capacity_in_tokens_comes_from_memory_weights_and_kv_bytes() -> None:
     profile = state("a").profile
     assert kv_capacity_tokens(LLAMA_8B, profile) == (80e9 * 0.9 - 16e9) / 131072
+
+
+def test_the_history_of_a_backend_with_a_full_queue_does_not_decide_the_home() -> None:
+    opening = chat("Tell me about pumps. " * 30)
+    full = state("full", running=10_000, prefix=_holding(opening))
+    others = [state(f"b{i}") for i in range(2)]
+    rules = Rules(max_queue_wait_ms=1.0)
+    decision = choose(feats(opening), FleetSnapshot((full, *others), {"llama-8b": LLAMA_8B}), rules)
+    assert "full" in decision.excluded and decision.candidates[0].backend in ("b0", "b1")

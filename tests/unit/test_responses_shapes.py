@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, ToolCallDelta, Usage
 from gateway.app import create_app
 from gateway.config import LimitsConfig, load_config
 from gateway.errors import ApiError
@@ -223,3 +223,22 @@ def test_a_bad_body_is_openai_error_json_with_the_status(served: tuple[str, Any]
     assert r.status_code == 400 and r.json()["error"]["param"] == "store"
     r = httpx.post(f"{served[0]}/v1/responses", json={"model": "nope", "input": "hi"}, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_parallel_calls_become_one_item_each_even_when_their_pieces_interleave() -> None:
+    chunks = [
+        Chunk(tool_calls=(ToolCallDelta(0, id="a", name="get_weather"), ToolCallDelta(0, arguments='{"city":'))),
+        Chunk(tool_calls=(ToolCallDelta(1, id="b", name="get_weather"),)),
+        Chunk(tool_calls=(ToolCallDelta(0, arguments='"Paris"}'), ToolCallDelta(1, arguments='{"city":"Lyon"}'))),
+        Chunk(finish_reason="tool_calls", usage=Usage(3, 4)),
+    ]
+    doc, _ = ResponsesAnswer("r1", "m", {}).whole(chunks)
+    assert [(i["call_id"], i["arguments"]) for i in doc["output"]] == [
+        ("a", '{"city":"Paris"}'),
+        ("b", '{"city":"Lyon"}'),
+    ]
+    events = _events(ResponsesAnswer("r1", "m", {}), chunks)
+    deltas = [(e["output_index"], e["delta"]) for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert deltas == [(0, '{"city":'), (0, '"Paris"}'), (1, '{"city":"Lyon"}')]
+    done = [e["item"]["arguments"] for e in events if e["type"] == "response.output_item.done"]
+    assert sorted(done) == ['{"city":"Lyon"}', '{"city":"Paris"}']
