@@ -309,31 +309,36 @@ async def with_tool_calls(
     its own, as OpenAI streams them; a choice that made a call ends with ``finish_reason``
     ``"tool_calls"``, its usage kept."""
     parsers: dict[int, ToolCallParser] = {}
-    async for chunk in chunks:
-        p = parsers.get(chunk.index)
-        if p is None:
-            p = parsers[chunk.index] = parser_for(parser, None if seed is None else seed + chunk.index)
-        text, calls = p.feed(chunk.text) if chunk.text else ("", [])
-        finish = chunk.finish_reason
-        if finish is not None:
-            tail, more_calls = p.finish()
-            text += tail
-            calls += more_calls
-            if p.called:
-                finish = "tool_calls"
-        out: list[Chunk] = []
-        if text or chunk.logprobs:
-            out.append(replace(chunk, text=text, finish_reason=None, usage=None, tool_calls=()))
-        out += [Chunk(index=chunk.index, tool_calls=(d,)) for d in calls]
-        if finish is not None or chunk.usage is not None:
-            if out:
-                out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage)
-            else:
-                out.append(Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage))
-        if not out:
-            if chunk.more:
-                continue
-            out.append(Chunk(index=chunk.index))  # carries "nothing more at once" to the writer
-        for piece in out[:-1]:
-            yield replace(piece, more=True)
-        yield replace(out[-1], more=chunk.more)
+    try:
+        async for chunk in chunks:
+            p = parsers.get(chunk.index)
+            if p is None:
+                p = parsers[chunk.index] = parser_for(parser, None if seed is None else seed + chunk.index)
+            text, calls = p.feed(chunk.text) if chunk.text else ("", [])
+            finish = chunk.finish_reason
+            if finish is not None:
+                tail, more_calls = p.finish()
+                text += tail
+                calls += more_calls
+                if p.called:
+                    finish = "tool_calls"
+            out: list[Chunk] = []
+            if text or chunk.logprobs:
+                out.append(replace(chunk, text=text, finish_reason=None, usage=None, tool_calls=()))
+            out += [Chunk(index=chunk.index, tool_calls=(d,)) for d in calls]
+            if finish is not None or chunk.usage is not None:
+                if out:
+                    out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage)
+                else:
+                    out.append(Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage))
+            if not out:
+                if chunk.more:
+                    continue
+                out.append(Chunk(index=chunk.index))  # carries "nothing more at once" to the writer
+            for piece in out[:-1]:
+                yield replace(piece, more=True)
+            yield replace(out[-1], more=chunk.more)
+    finally:  # closing this closes the backend's stream at once (its engine stops), not at collection
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

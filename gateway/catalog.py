@@ -71,7 +71,11 @@ class PromptCounter:
 
     def count(self, request: GenerationRequest) -> int:
         """Blocking: cheap for small prompts, ~1.5 ms per kB of text beyond."""
-        text = self._chat.render(request.messages) if request.messages is not None else request.prompt or ""
+        if request.messages is None:
+            text = request.prompt or ""
+        else:  # rendered as the engines that take text render it: the tools are part of the prompt
+            tools = request.tools if request.tool_choice != "none" else ()
+            text = self._chat.render(request.messages, list(tools) if tools else None)
         return len(encode(self._tokenizer, text).ids)
 
     async def measure(self, request: GenerationRequest) -> int | None:

@@ -17,7 +17,7 @@ import fnmatch
 import hashlib
 from dataclasses import replace
 
-from routing.estimator import fit_problem, predict
+from routing.estimator import fit_problem, predict, prefill_ms
 from routing.types import (
     BackendState,
     Breaker,
@@ -116,6 +116,16 @@ def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures
     tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]
     bound = HOME_BOUND * sum(tokens) / len(tokens)
     return next((s.name for s, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0].name)
+
+
+def _work_ms(model: ModelSpec, state: BackendState, p: Prediction, f: RequestFeatures, out: int) -> float:
+    """Backend time a request takes: all of it while its uncached prompt is prefilled (compute-bound:
+    the batch's step waits for the chunk), then its share of the batch per output token (decode
+    reads the weights once for every sequence). Waiting takes none. Counting prefill at a batch
+    share, as e2e / slots did, priced a cache miss at almost nothing: in the simulator that sent
+    conversations to cold backends whenever theirs looked busier, until the fleet drowned in
+    prefill (chat sessions, uniform fleet, 50% load: 42% within budget, against 100% now)."""
+    return prefill_ms(model, state, f.prompt_tokens - p.cached_tokens) + p.tpot_ms * out / p.slots
 
 
 def _excluded(state: BackendState, rule: Rule | None, f: RequestFeatures, model: ModelSpec, out: int) -> str | None:
@@ -222,8 +232,8 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
             )
         alive = [s for s in alive if s.name not in full]
     fastest = min(p.e2e_ms for p in predictions.values())
-    # The price of the capacity a request takes: its time on the backend over the sequences it runs at once.
-    cost = {s.name: s.profile.cost_per_hour * predictions[s.name].e2e_ms / predictions[s.name].slots for s in alive}
+    # The price of the capacity a request takes (``_work_ms``): a prompt found in cache takes less.
+    cost = {s.name: s.profile.cost_per_hour * _work_ms(model, s, predictions[s.name], f, out) for s in alive}
     cheapest = min(cost.values())
     affine = _home(alive, matched, f)
     ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}

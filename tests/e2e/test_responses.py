@@ -6,6 +6,7 @@ output, refusals of what needs storage, and the route's own metrics."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import GREETING_REPLY, GatewayProcess, write_config
+from tests.polling import settles
 
 pytestmark = pytest.mark.engines  # llama.cpp in process
 
@@ -131,3 +133,34 @@ def test_responses_count_under_their_own_route(client: openai.OpenAI, gw: Gatewa
         line.startswith("enginegate_requests_total{") and 'route="responses"' in line and 'code="2xx"' in line
         for line in text.splitlines()
     )
+
+
+def engine_tokens(gw: GatewayProcess, backend: str) -> float:
+    text = httpx.get(f"{gw.base_url}/metrics", timeout=10).text
+    m = re.search(rf'^enginegate_engine_generated_tokens_total\{{backend="{backend}"\}} (\S+)$', text, re.M)
+    assert m, text
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize(("model", "backend"), [("demo-ct2", "ct2-only"), ("demo-llama", "llama-only")])
+def test_a_client_leaving_a_response_stream_stops_the_engine(
+    client: openai.OpenAI, gw: GatewayProcess, model: str, backend: str
+) -> None:
+    """The engine's own token counter stops growing once the client has gone (ignore_eos would have it
+    write 4,000 tokens); left alone, the same request writes them all."""
+    before = engine_tokens(gw, backend)
+    extra = {"ignore_eos": True}
+    with client.responses.stream(
+        model=model, input="The Zen", max_output_tokens=4000, temperature=0, extra_body=extra
+    ) as stream:
+        deltas = 0
+        for event in stream:
+            deltas += event.type == "response.output_text.delta"
+            if deltas == 3:
+                break
+    stopped = settles(lambda: engine_tokens(gw, backend), message="the engine kept generating")
+    # Events the client never read still fill the socket and the gateway's output buffer first (a
+    # fast engine gets some way ahead), but it stops short of the 4,000 it would write.
+    assert 3 <= stopped - before < 4000
+    whole = client.responses.create(model=model, input="The Zen", max_output_tokens=64, temperature=0, extra_body=extra)
+    assert whole.usage is not None and whole.usage.output_tokens == 64 and whole.status == "incomplete"

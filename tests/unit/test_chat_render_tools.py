@@ -9,7 +9,7 @@ from typing import Any
 
 from backends.text import CHATML, ChatRenderer
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -145,3 +145,14 @@ def test_template_has_no_whitespace_between_tags() -> None:
     assert plain.render(messages=messages, tools=[WEATHER], add_generation_prompt=True) == ChatRenderer(None).render(
         messages, [WEATHER]
     )
+
+
+def test_tools_count_toward_the_prompt_size_that_sends_rendering_to_a_thread() -> None:
+    from backends.base import GenerationRequest
+    from backends.text import INLINE_PROMPT_CHARS, prompt_chars
+
+    big = copy.deepcopy(WEATHER)
+    big["function"]["description"] = "x" * INLINE_PROMPT_CHARS
+    short = [{"role": "user", "content": "Hi"}]
+    assert prompt_chars(GenerationRequest("r", "m", messages=short)) == 2
+    assert prompt_chars(GenerationRequest("r", "m", messages=short, tools=(big,))) > INLINE_PROMPT_CHARS
