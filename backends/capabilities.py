@@ -131,7 +131,8 @@ def missing(caps: Capabilities, wanted: dict[str, str], extras: frozenset[str]) 
     return lacks
 
 
-def _text_only(message: dict[str, Any]) -> dict[str, Any]:
+def text_only(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with only its text parts, joined (images left out)."""
     content = message.get("content")
     if not isinstance(content, list):
         return message
@@ -164,7 +165,7 @@ def without(request: GenerationRequest, features: list[str], extras: list[str]) 
         elif name == ECHO:
             changes["echo"] = False
         elif name == IMAGES and request.messages is not None:
-            changes["messages"] = [_text_only(m) for m in request.messages]
+            changes["messages"] = [text_only(m) for m in request.messages]
     if extras:
         changes["extra"] = {k: v for k, v in request.extra.items() if k not in extras}
     return replace(request, **changes) if changes else request

@@ -31,7 +31,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.base import Chunk, GenerationRequest, Health
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health
 from backends.capabilities import ECHO, LOGPROBS, SEED, TOOLS, TOP_LOGPROBS, Capabilities
 from backends.ct2_convert import TOKENIZER_FILE, derive
 from backends.gguf_file import GgufCache
@@ -122,8 +122,11 @@ class CTranslate2Backend(InProcessEngine):
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[str]:
         tokens: list[str] = encode(self._tokenizer, self.prompt_text(request)).tokens
-        if self._vocab.add_bos and self._vocab.bos_id is not None:
-            tokens.insert(0, self._vocab.tokens[self._vocab.bos_id])
+        bos = self._vocab.bos_id
+        if bos is not None and (self._vocab.add_bos or not tokens):  # an empty prompt starts at BOS
+            tokens.insert(0, self._vocab.tokens[bos])
+        if not tokens:
+            raise BackendError(ErrorKind.BAD_REQUEST, "The prompt is empty.", param="prompt")
         return tokens
 
     def options(self, request: GenerationRequest) -> dict[str, Any]:

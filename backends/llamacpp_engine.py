@@ -197,6 +197,11 @@ class LlamaCppBackend(InProcessEngine):
         ids: list[int] = self._llama.tokenize(
             self.prompt_text(request).encode(), add_bos=self._vocab.add_bos, special=True
         )
+        bos = self._vocab.bos_id
+        if not ids and bos is not None:  # an empty prompt starts at BOS
+            ids = [bos]
+        if not ids:
+            raise BackendError(ErrorKind.BAD_REQUEST, "The prompt is empty.", param="prompt")
         return ids
 
     def sampling(self, request: GenerationRequest) -> dict[str, Any]:

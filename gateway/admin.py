@@ -56,11 +56,17 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def routes(state: AppState) -> list[Route]:
-    admin = state.config.admin
-    guard = AdminGuard(admin.max_failures, admin.lockout_s)
+class AdminAuth:
+    """The admin key check, as a FastAPI dependency of every admin route (``gateway.api_app`` attaches it):
+    the handlers below assume it ran. One per app: its lockout guard counts failures across routes."""
 
-    def authorize(request: Request) -> None:
+    def __init__(self, state: AppState) -> None:
+        admin = state.config.admin
+        self._state = state
+        self._guard = AdminGuard(admin.max_failures, admin.lockout_s)
+
+    async def __call__(self, request: Request) -> None:
+        state, guard = self._state, self._guard
         cfg = state.config.admin
         server = request.scope.get("server")
         if cfg.port is not None and (server is None or server[1] != cfg.port):
@@ -69,8 +75,11 @@ def routes(state: AppState) -> list[Route]:
         client = request.client.host if request.client is not None else "unknown"
         guard.check(key, request.headers.get("authorization"), client)
 
+
+def routes(state: AppState) -> list[Route]:
+    """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
+
     async def reload(request: Request) -> Response:
-        authorize(request)
         problems = await state.reload()
         if problems:
             return _json({"status": "rejected", "problems": problems, "config": str(state.runtime.loaded.path)}, 422)
@@ -83,7 +92,6 @@ def routes(state: AppState) -> list[Route]:
         return _json({"status": "reloaded", "config": str(state.runtime.loaded.path)})
 
     async def explain(request: Request) -> Response:
-        authorize(request)
         try:
             body = ExplainBody.model_validate(orjson.loads(await request.body()))
         except (orjson.JSONDecodeError, ValidationError) as exc:
@@ -105,7 +113,6 @@ def routes(state: AppState) -> list[Route]:
         return _json(to_dict(choose(features, state.fleet.snapshot(), state.runtime.rules), features))
 
     async def fleet(request: Request) -> Response:
-        authorize(request)
         doc = {
             b.name: {
                 "engine": b.profile.engine,
@@ -123,7 +130,6 @@ def routes(state: AppState) -> list[Route]:
         return _json(doc)
 
     def tenancy(request: Request) -> Tenancy:
-        authorize(request)
         if state.tenancy is None or state.tenancy.store is None:
             raise ApiError(404, "This gateway has no API keys (auth: in its config).", code="keys_off")
         return state.tenancy

@@ -12,7 +12,8 @@ that take it get such a request). Errors are Anthropic's shape, ``{"type": "erro
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from dataclasses import replace
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -140,23 +141,30 @@ class Metadata(_Strict):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
 
-class MessagesBody(_Strict):
-    """The request body of ``POST /v1/messages``."""
+class Conversation(_Strict):
+    """What a message's prompt is made of: the body of ``POST /v1/messages/count_tokens``."""
 
     model: Annotated[str, Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)]
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[TextBlock] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+class MessagesBody(Conversation):
+    """The request body of ``POST /v1/messages``."""
+
+    max_tokens: Annotated[int, Field(ge=1)]
     stop_sequences: Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     stream: bool | None = False
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
-    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: ToolChoice | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
 
+
+C = TypeVar("C", bound=Conversation)
 
 _REFUSED = {
     "thinking": "Extended thinking is not supported: no backend of this gateway serves a reasoning model.",
@@ -177,7 +185,7 @@ def _invalid(message: str, param: str | None = None) -> ApiError:
     return bad_request(f"{param}: {message}" if param else message, param, "invalid_request_error")
 
 
-def parse(data: Any, limits: LimitsConfig) -> MessagesBody:
+def _validated(data: Any, limits: LimitsConfig, body_type: type[C]) -> C:
     if not isinstance(data, dict):
         raise _invalid("The request body must be a JSON object.")
     messages = data.get("messages")
@@ -193,16 +201,25 @@ def parse(data: Any, limits: LimitsConfig) -> MessagesBody:
         if data.get(name) is not None:
             raise _invalid(message, name)
     try:
-        body = MessagesBody.model_validate(data)
+        body = body_type.model_validate(data)
     except ValidationError as exc:
         param, err = deepest(exc, _param)
         raise _invalid("Field required" if err["type"] == "missing" else err["msg"], param) from None
-    for i, stop in enumerate(body.stop_sequences or ()):
-        if len(stop) > limits.max_stop_chars or len(stop) > MAX_STOP_CHARS:
-            raise _invalid(f"a stop sequence of {len(stop)} characters is too long.", f"stop_sequences.{i}")
     choice = body.tool_choice
     if isinstance(choice, ToolChoiceTool) and not any(t.name == choice.name for t in body.tools or ()):
         raise _invalid(f"Tool '{choice.name}' is not one of the tools given.", "tool_choice.name")
+    return body
+
+
+def parse_conversation(data: Any, limits: LimitsConfig) -> Conversation:
+    return _validated(data, limits, Conversation)
+
+
+def parse(data: Any, limits: LimitsConfig) -> MessagesBody:
+    body = _validated(data, limits, MessagesBody)
+    for i, stop in enumerate(body.stop_sequences or ()):
+        if len(stop) > limits.max_stop_chars or len(stop) > MAX_STOP_CHARS:
+            raise _invalid(f"a stop sequence of {len(stop)} characters is too long.", f"stop_sequences.{i}")
     if body.max_tokens > limits.max_tokens:
         raise _invalid(f"{body.max_tokens} is more than this gateway allows ({limits.max_tokens}).", "max_tokens")
     return body
@@ -253,7 +270,8 @@ def _turn(m: Message) -> list[dict[str, Any]]:
     return turn
 
 
-def to_generation(body: MessagesBody, request_id: str) -> GenerationRequest:
+def prompt_of(body: Conversation, request_id: str) -> GenerationRequest:
+    """The conversation as a chat request: messages, tools and how they may be called."""
     messages: list[dict[str, Any]] = []
     system = _text(body.system) if body.system is not None else ""
     if system:
@@ -283,15 +301,21 @@ def to_generation(body: MessagesBody, request_id: str) -> GenerationRequest:
     return GenerationRequest(
         request_id=request_id,
         model=body.model,
-        max_tokens=body.max_tokens,
         messages=messages,
+        tools=tools,
+        tool_choice=tool_choice if tools else None,
+        parallel_tool_calls=False if single and tools else None,
+    )
+
+
+def to_generation(body: MessagesBody, request_id: str) -> GenerationRequest:
+    return replace(
+        prompt_of(body, request_id),
+        max_tokens=body.max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=tuple(body.stop_sequences or ()),
         extra={"top_k": body.top_k} if body.top_k is not None else {},
-        tools=tools,
-        tool_choice=tool_choice if tools else None,
-        parallel_tool_calls=False if single and tools else None,
         user=body.metadata.user_id if body.metadata is not None else None,
     )
 

@@ -12,12 +12,12 @@ with 405. ``/docs`` (Swagger UI) is on only with ``server.docs``, from files ins
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 
 from gateway import api_models as m
 from gateway.admin import ExplainBody
-from gateway.anthropic_api import MessagesBody
+from gateway.anthropic_api import Conversation, MessagesBody
 from gateway.embeddings import EmbeddingsBody
 from gateway.openai_api import ChatBody, CompletionBody
 from gateway.responses_api import ResponsesBody
@@ -73,6 +73,9 @@ DOCS: dict[tuple[str, str], Doc] = {
         MessagesBody,
         "`message_start`, `content_block_*`, `message_delta`, `message_stop` (or `error`)",
         error=m.AnthropicError,
+    ),
+    ("POST", "/v1/messages/count_tokens"): Doc(
+        "Count a message's input tokens", "anthropic", m.TokenCount, Conversation, error=m.AnthropicError
     ),
     ("POST", "/v1/embeddings"): Doc("Embeddings", "openai", m.EmbeddingList, EmbeddingsBody),
     ("GET", "/v1/models"): Doc("List models", "openai", m.ModelList),
@@ -144,6 +147,7 @@ def build(
     exception_handlers: Mapping[Any, Callable[..., Any]],
     lifespan: Callable[[Any], Any],
     docs: bool,
+    admin_auth: Callable[[Request], Awaitable[None]],
 ) -> FastAPI:
     """The app for ``routes`` (Starlette routes as ``gateway.app`` and ``gateway.admin`` define them)."""
     app = FastAPI(
@@ -170,7 +174,8 @@ def build(
                 bodies.append(doc.body)
                 schema = {"$ref": f"#/components/schemas/{doc.body.__name__}"}
                 extra["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
-            if doc.tag == "admin":
+            admin = route.path.startswith("/admin/")
+            if admin:
                 extra["security"] = _ADMIN_SECURITY
             response: Any = doc.response
             if path in _FLEET_MAP and response is not None:
@@ -187,6 +192,7 @@ def build(
                 openapi_extra=extra or None,
                 response_class=PlainTextResponse if doc.response is None else JSONResponse,
                 operation_id=f"{method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+                dependencies=[Depends(admin_auth)] if admin else None,  # the admin key, before the handler
             )
         if "GET" in methods:  # HEAD as before (a Starlette route adds it to GET), not in the document
             heads.append(Route(route.path, endpoint, methods=["HEAD"], include_in_schema=False))

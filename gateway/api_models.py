@@ -199,6 +199,10 @@ class AnthropicMessage(_Doc):
     usage: MessageUsage
 
 
+class TokenCount(_Doc):
+    input_tokens: int
+
+
 # Embeddings
 
 

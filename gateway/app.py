@@ -21,7 +21,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import api_app, embeddings
+from gateway import anthropic_tokens, api_app, embeddings
+from gateway.admin import AdminAuth
 from gateway.admin import routes as admin_routes
 from gateway.anthropic_api import MESSAGES
 from gateway.completions import serve
@@ -290,6 +291,7 @@ def _routes(state: AppState) -> list[Route]:
         Route("/v1/responses", generation_method),
         Route("/v1/messages", generation_method),
         Route(embeddings.PATH, generation_method),
+        Route(anthropic_tokens.PATH, anthropic_tokens.count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -322,6 +324,7 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         },
         lifespan=_lifespan(state),
         docs=state.config.server.docs,
+        admin_auth=AdminAuth(state),
     )
     app.state.enginegate = state
     return Gateway(state, app)

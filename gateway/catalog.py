@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from backends.base import GenerationRequest
-from backends.capabilities import IMAGES, PARALLEL_TOOL_CALLS, TOOL_CHOICE_REQUIRED, TOOLS, Capabilities
+from backends.capabilities import IMAGES, PARALLEL_TOOL_CALLS, TOOL_CHOICE_REQUIRED, TOOLS, Capabilities, text_only
 from backends.gguf_file import GgufCache
 from backends.hf_tokenizer import encode
 from backends.text import INLINE_PROMPT_CHARS, ChatRenderer, prompt_chars
@@ -75,7 +75,9 @@ class PromptCounter:
             text = request.prompt or ""
         else:  # rendered as the engines that take text render it: the tools are part of the prompt
             tools = request.tools if request.tool_choice != "none" else ()
-            text = self._chat.render(request.messages, list(tools) if tools else None)
+            # Image parts are not text a template renders (engines that take them count them their way).
+            messages = [text_only(m) if isinstance(m.get("content"), list) else m for m in request.messages]
+            text = self._chat.render(messages, list(tools) if tools else None)
         return len(encode(self._tokenizer, text).ids)
 
     async def measure(self, request: GenerationRequest) -> int | None:

@@ -67,7 +67,7 @@ def _unsupported(decision: Decision, model: str, wanted: dict[str, str], extras:
     )
 
 
-def _no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
+def no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
     if decision.reason is Reason.NO_BACKEND_FOR_MODEL:
         return model_not_found(model)
     if decision.reason is Reason.UNSUPPORTED:
@@ -174,7 +174,7 @@ async def _serve(
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(gen.model, decision, stream, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
-        raise _no_candidates(decision, gen.model, wanted, extras)
+        raise no_candidates(decision, gen.model, wanted, extras)
     if key is not None and tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     answer = surface.answer(asked, ex.request_id)

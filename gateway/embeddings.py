@@ -27,10 +27,11 @@ from backends.embed_base import Embedder, EmbedRequest, EmbedResult, normalized
 from backends.http_base import HttpSettings
 from gateway import dispatch
 from gateway.body_errors import deepest, param_path
-from gateway.completions import _no_candidates
+from gateway.completions import no_candidates
 from gateway.config import (
     BackendConfig,
     ConfigError,
+    CTranslate2Config,
     LlamaCppConfig,
     LlamaServerConfig,
     LoadedConfig,
@@ -200,7 +201,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, life
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(body.model, decision, False, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
-        raise _no_candidates(decision, body.model, {}, frozenset())
+        raise no_candidates(decision, body.model, {}, frozenset())
     routing = rt.config.routing
     deadlines = Deadlines(
         routing.first_token_timeout_s,
@@ -244,6 +245,12 @@ def build_embedder(cfg: BackendConfig, loaded: LoadedConfig, http: HttpSettings 
             cfg.name, model.name, loaded.resolve(model.gguf), threads=cfg.threads, n_ctx=cfg.n_ctx,
             max_queue=cfg.max_queue, ggufs=loaded.ggufs,
         )  # fmt: skip
+    if isinstance(cfg, CTranslate2Config):  # the embedded default: the model's own token embeddings
+        from backends.embed_static import StaticEmbedder
+
+        model = loaded.model(cfg.model)
+        assert model.gguf is not None  # checked by config validation
+        return StaticEmbedder(cfg.name, model.name, loaded.resolve(model.gguf), loaded.ggufs)
     if http is not None and isinstance(cfg, VLLMConfig | LlamaServerConfig | TgiConfig):
         from backends.embed_http import LlamaServerEmbeddings, TeiEmbeddings, VLLMEmbeddings
 
@@ -252,6 +259,7 @@ def build_embedder(cfg: BackendConfig, loaded: LoadedConfig, http: HttpSettings 
     raise ConfigError(
         [
             f"{loaded.path}: backend {cfg.name}: engine {cfg.engine} cannot serve the embedding model {cfg.model} "
-            "(embedding engines: llama_cpp, vllm, llama_server, tgi for text-embeddings-inference)"
+            "(embedding engines: ctranslate2 (static), llama_cpp, vllm, llama_server, tgi for text-embeddings-"
+            "inference)"
         ]
     )

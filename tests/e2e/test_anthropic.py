@@ -118,3 +118,16 @@ def test_messages_count_under_their_own_route(client: anthropic.Anthropic, gw: G
         line.startswith("enginegate_requests_total{") and 'route="messages"' in line and 'code="2xx"' in line
         for line in text.splitlines()
     )
+
+
+@pytest.mark.parametrize("model", ["demo-ct2", "demo-llama"])
+def test_count_tokens_is_the_prompt_the_engine_counts(client: anthropic.Anthropic, model: str) -> None:
+    conversation: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    counted = client.messages.count_tokens(model=model, messages=conversation, system="Be brief.")
+    msg = client.messages.create(model=model, max_tokens=2, messages=conversation, system="Be brief.")
+    assert counted.input_tokens == msg.usage.input_tokens > 0
+    with_tools = client.messages.count_tokens(model=model, messages=conversation, tools=[WEATHER])
+    assert with_tools.input_tokens > counted.input_tokens  # the tools are part of the prompt
+    with pytest.raises(anthropic.NotFoundError) as nf:
+        client.messages.count_tokens(model="nope", messages=conversation)
+    assert isinstance(nf.value.body, dict) and nf.value.body["error"]["type"] == "not_found_error"

@@ -218,3 +218,29 @@ def test_dropped_fields_are_named_in_a_header(tmp_path: Path, cache_dir: Path) -
         assert "x-enginegate-dropped" not in plain.headers
     finally:
         next(gateways, None)
+
+
+@pytest.mark.parametrize("model", ["demo-ct2", "demo-llama"])
+def test_an_empty_prompt_is_answered_from_the_start_of_text(contract_gateway: GatewayProcess, model: str) -> None:
+    """Found by fuzzing: CTranslate2 crashed on an empty token list (a 502 that opened its breaker)."""
+    for _ in range(6):  # more than the breaker's threshold: none of them may count as an engine fault
+        resp = httpx.post(
+            f"{contract_gateway.base_url}/v1/completions",
+            json={"model": model, "prompt": "", "max_tokens": 3},
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_an_image_for_a_model_without_images_is_a_400_naming_it(contract_gateway: GatewayProcess) -> None:
+    """Found by fuzzing: the prompt counter rendered the image part with the chat template (a 500)."""
+    image = {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}
+    resp = httpx.post(
+        f"{contract_gateway.base_url}/v1/chat/completions",
+        json={"model": "demo-ct2", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]},
+        timeout=60,
+    )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "messages[0].content" and "lacks images" in error["message"]
