@@ -15,13 +15,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
 from backends import http_errors
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
 from backends.http_client import (
+    CLOSE_HEADER,
     DEFAULT_IDLE_TIMEOUT_S,
     ConnectError,
     HttpClient,
@@ -71,6 +72,10 @@ class HttpBackend(abc.ABC):
     health_path = "/health"
     metrics_path: str | None = "/metrics"
     load_map: LoadMap | None = None
+    closes_streams: ClassVar[bool] = False
+    """The engine's server closes its connection after a streamed answer without saying so
+    (llama-server): such requests say ``Connection: close``, so no request is ever written on a
+    connection the server is closing (which, once written, may not be sent again)."""
 
     def __init__(self, name: str, model: str, settings: HttpSettings) -> None:
         self.name = name
@@ -121,9 +126,6 @@ class HttpBackend(abc.ABC):
         if self._http is not None:
             await self._http.aclose()
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        return self._chat.render(messages)
-
     async def probe(self, path: str) -> tuple[int, bytes]:
         """GET one of the engine's cheap endpoints: (status, body); raises ``OSError`` (``HttpError``,
         ``TimeoutError``) as they come."""
@@ -173,6 +175,8 @@ class HttpBackend(abc.ABC):
         rid = request.request_id
         # The id goes into a header line: only when it cannot break one (the gateway's ids always can't).
         headers = b"x-request-id: %s\r\n" % rid.encode() if rid.isascii() and rid.isprintable() else b""
+        if self.closes_streams and payload.get("stream"):
+            headers += CLOSE_HEADER
         try:
             try:
                 response = await self._client().request("POST", path, orjson.dumps(payload), headers)

@@ -183,6 +183,11 @@ def _readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+CLOSE_HEADER = b"connection: close\r\n"
+"""Sent by a caller that wants the connection to end with the response (the client then never reuses it)."""
+_CLOSE = CLOSE_HEADER
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection and the state of the response being received on it."""
 
@@ -214,6 +219,8 @@ class _Connection(asyncio.Protocol):
         self.head = False
         self.done = False
         self.keep_alive = False
+        self.closing = False
+        """The request said ``Connection: close``: the connection ends with this response."""
         self.idle_limit = self.client.idle_timeout_s
         self.until_eof = False
         self.informational = False
@@ -450,7 +457,7 @@ class _Connection(asyncio.Protocol):
         if self.informational:
             self.informational = False
             return
-        self.keep_alive = self.parser.should_keep_alive()
+        self.keep_alive = self.parser.should_keep_alive() and not self.closing
         self.done = True
 
 
@@ -611,8 +618,10 @@ class HttpClient:
                 body,
             )
         conn, reused = await self._acquire()
+        closing = _CLOSE in headers
         try:
             conn.send(data)
+            conn.closing = closing  # after send(), which starts the exchange afresh
             if conn.error is not None and reused:
                 # Nothing of this request reached the server: once more, on a new connection.
                 self.retries += 1
@@ -622,6 +631,7 @@ class HttpClient:
                 conn.abort()
                 conn = await self._pass_slot(conn)
                 conn.send(data)
+                conn.closing = closing
             await self._response_head(conn)
         except BaseException:
             conn.abort()

@@ -69,6 +69,7 @@ class LlamaServerBackend(OpenAICompatBackend):
     load_map = LOAD
     capabilities: ClassVar[Capabilities] = CAPABILITIES
     usage_per_choice = True
+    closes_streams = True  # its HTTP server ends the connection after a stream, without Connection: close
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         body = super().payload(request)

@@ -93,9 +93,7 @@ def test_tool_call_round_trip(client: openai.OpenAI, model: str) -> None:
 
 @pytest.mark.parametrize("model", ALL)
 def test_tool_call_streams_as_openai_does(client: openai.OpenAI, model: str) -> None:
-    stream = client.chat.completions.create(
-        model=model, messages=QUESTION, tools=[WEATHER], temperature=0, stream=True
-    )
+    stream = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER], temperature=0, stream=True)
     firsts, arguments, finish = [], "", None
     for chunk in stream:
         for choice in chunk.choices:

@@ -29,7 +29,8 @@ def expected(text: str) -> np.ndarray:
     table = read_gguf(DEMO_GGUF).tensors["token_embd.weight"]
     table = table.reshape(len(ggufs.header(DEMO_GGUF).vocab.tokens), -1)
     mean = table[encode(ggufs.tokenizer(DEMO_GGUF), text).ids].mean(axis=0, dtype=np.float64)
-    return mean / np.linalg.norm(mean)
+    out: np.ndarray = mean / np.linalg.norm(mean)
+    return out
 
 
 def test_the_embedded_default_embeds(default_gateway: GatewayProcess) -> None:

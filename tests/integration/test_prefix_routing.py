@@ -30,10 +30,6 @@ SLOTS = 4
 ENGINE_ARGS = ("-np", str(SLOTS), "-c", str(SLOTS * 4096), "--cache-ram", "0", "--slot-prompt-similarity", "0.5")
 """Four slots and nothing beyond them; a request takes the slot whose prompt it shares half of (the
 default, a tenth, hands a new conversation the slot of another that shares its system prompt)."""
-IDLE = 0.001
-"""No connection reuse: the gateway's client sees llama-server close some reused connections just
-after a request is written (a few in the first hundred requests; direct httpx sees none), and the
-failover that follows moves a conversation. Placement, not the transport, is under test here."""
 BUDGET = {"x-ttft-budget-ms": "5000"}
 """What a chat client states: met with room to spare on either engine, so engine speed (noisy on a
 shared two-core machine) does not decide, the expected cache and the conversation's home do."""
@@ -54,7 +50,7 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, engines: tuple[str, str]
 ) -> Iterator[GatewayProcess]:
     a, b = engines
-    LIMITS = f"max_concurrency: {SLOTS}, idle_timeout_s: {IDLE}"  # noqa: N806
+    LIMITS = f"max_concurrency: {SLOTS}"  # noqa: N806
     config = write_config(
         tmp_path_factory.mktemp("prefix") / "prefix.yaml",
         f"""

@@ -26,6 +26,7 @@ from backends import http_client
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
 from backends.http_base import HttpBackend, HttpSettings
 from backends.http_client import (
+    CLOSE_HEADER,
     ConnectError,
     Headers,
     HttpClient,
@@ -1064,3 +1065,32 @@ def test_tls_settings_from_the_config_file(pki: Path, tmp_path: Path) -> None:
     assert "ca_file is unused with verify: false" in problems("https://e:1", "{ca_file: ca.pem, verify: false}")
     assert "tls needs an https:// url" in problems("http://e:1", "{verify: false}")
     assert "backend b: tls:" in problems("https://e:1", "{ca_file: missing.pem}")
+
+
+def test_connection_close_asked_by_the_request_is_never_reused() -> None:
+    """llama-server ends the connection after a streamed answer without saying so; its adapter asks
+    ``Connection: close`` for streams, and the client must then never write another request there."""
+
+    async def stream_then_close_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while (request := await read_request(reader)) is not None:
+            requests.append(request)
+            writer.write(ok(b"data: x\n\n"))
+            await writer.drain()
+            if request.headers.get("connection") == "close":
+                await asyncio.sleep(0.05)  # the server's close comes after the client is done reading
+                return
+
+    requests: list[Request] = []
+
+    async def body() -> None:
+        async with Server(stream_then_close_late) as server:
+            client = HttpClient(server.url)
+            for _ in range(3):
+                response = await client.request("POST", "/stream", b"{}", CLOSE_HEADER)
+                assert await response.read() == b"data: x\n\n"
+                response.release()
+            assert server.accepted == 3, "each request on a connection of its own"
+            assert len(requests) == 3 and client.retries == 0
+            await client.aclose()
+
+    run(body)

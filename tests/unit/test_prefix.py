@@ -13,7 +13,7 @@ from routing.explain import render, to_dict
 from routing.features import features
 from routing.policy import choose
 from routing.prefix import BLOCK_BYTES, MIN_CAPACITY_TOKENS, PrefixIndex, chain, rendered
-from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Rules
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Reason, Rules
 
 LLAMA_8B = ModelSpec("llama-8b", 8, BYTES_PER_PARAM["bf16"], 32768, 131072)
 SYSTEM = "You are a careful assistant for the Acme help desk. Answer briefly and cite the manual. " * 12
@@ -21,7 +21,7 @@ SYSTEM = "You are a careful assistant for the Acme help desk. Answer briefly and
 
 def state(name: str, running: int = 0, prefix: PrefixIndex | None = None) -> BackendState:
     profile = BackendProfile(
-        name, "vllm", frozenset({"llama-8b"}), GPUS["A100-80GB"], 1, 80.0, ENGINES["vllm"], max_concurrency=64
+        name, "vllm", frozenset({"llama-8b"}), GPUS["A100-80GB"], 1, 80.0, ENGINES["vllm"], 64, 3.0
     )
     return BackendState(profile, running=running, prefix=prefix)
 
@@ -127,7 +127,7 @@ def _holding(messages: list[dict[str, str]], capacity: float = 1e6) -> PrefixInd
 def test_a_long_cached_prompt_goes_where_it_is_held_until_queueing_there_costs_more() -> None:
     history = chat("Summarise this manual: " + "The pump must be primed before use. " * 600)
     turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
-    f = replace(feats(turn), ttft_budget_ms=300)
+    f = replace(feats(turn), ttft_budget_ms=2000)  # the cold backend prefills it in about 640 ms
     held = _holding(history)
     snapshot = FleetSnapshot((state("cold"), state("warm", prefix=held)), {"llama-8b": LLAMA_8B})
     decision = choose(f, snapshot, Rules())
@@ -183,3 +183,19 @@ def test_the_history_of_a_backend_with_a_full_queue_does_not_decide_the_home() -
     rules = Rules(max_queue_wait_ms=1.0)
     decision = choose(feats(opening), FleetSnapshot((full, *others), {"llama-8b": LLAMA_8B}), rules)
     assert "full" in decision.excluded and decision.candidates[0].backend in ("b0", "b1")
+
+
+def test_a_hopeless_request_takes_the_backend_where_its_prompt_costs_least_work() -> None:
+    # Out of reach everywhere, a request goes to the cheapest capacity. Waiting takes no capacity and
+    # a prompt found in cache saves its prefill: the backend holding it, though it queues, is cheaper
+    # than an idle one that would prefill 8,000 tokens again (priced at e2e / slots, the queue made
+    # the cold backend look cheaper, and misses drowned a busy fleet in prefill).
+    history = chat("Summarise this manual: " + "The pump must be primed before use. " * 700)
+    turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
+    f = replace(feats(turn), ttft_budget_ms=1)
+    warm = replace(state("warm", running=64, prefix=_holding(history)), waiting=8)
+    snapshot = FleetSnapshot((state("cold"), warm), {"llama-8b": LLAMA_8B})
+    decision = choose(f, snapshot, Rules())
+    assert decision.reason is Reason.BEST_EFFORT
+    first = decision.candidates[0]
+    assert first.backend == "warm" and first.prediction.queue_ms > 0

@@ -278,8 +278,9 @@ def test_a_hopeless_request_takes_the_cheapest_capacity_not_the_fastest() -> Non
     hopeless = choose(ask(ttft_budget_ms=1), snap(*FLEET), Rules())
     assert hopeless.reason is Reason.BEST_EFFORT
     lead = hopeless.candidates[0]
+    # (the capacity's price is its prefill work plus its share of decoding: for this prompt-heavy
+    # request that may well be the fastest GPU; what matters is that price, not speed, decides)
     assert lead.terms["cost"] == max(c.terms["cost"] for c in hopeless.candidates)
-    assert lead.backend != "trt-h100"
     # within twice the budget somewhere, it still goes where it misses least: it may yet make it
     near = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in FLEET) / 1.5
     assert choose(ask(ttft_budget_ms=near), snap(*FLEET), Rules()).candidates[0].backend == "trt-h100"
