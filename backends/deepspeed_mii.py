@@ -93,13 +93,6 @@ class MiiRestBackend(HttpBackend):
         super().__init__(name, model, settings)
         self.deployment = deployment
 
-    def prompt_text(self, request: GenerationRequest) -> str:
-        """Chat rendered with the model's template, with the tools the model may call (none for
-        ``tool_choice: "none"``): the gateway parses the calls from the answer's text."""
-        if request.messages is None:
-            return request.prompt or ""
-        return self._chat.render(request.messages, request.tools if request.tool_choice != "none" else None)
-
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await self.render_prompt(request)
         payload = rest_payload(request, prompt, self.settings.default_max_tokens)

@@ -244,13 +244,6 @@ class TritonTrtllmBackend(HttpBackend):
         if not self.answers_whole:
             self.capabilities = TRITON_STREAMED_CAPABILITIES
 
-    def prompt_text(self, request: GenerationRequest) -> str:
-        """Chat rendered with the model's template, with the tools the model may call (none for
-        ``tool_choice: "none"``): the gateway parses the calls from the answer's text."""
-        if request.messages is None:
-            return request.prompt or ""
-        return self._chat.render(request.messages, request.tools if request.tool_choice != "none" else None)
-
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await self.render_prompt(request)
         mode = self.text_output

@@ -7,7 +7,6 @@ commit point are HTTP errors; after it, an SSE error event and ``[DONE]``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -25,7 +24,7 @@ from gateway.lifecycle import RequestLife
 from gateway.openai_api import error_for_json, prompt_texts
 from gateway.openai_shapes import UsageTotal
 from gateway.shaping import default_length, open_answer
-from gateway.streaming import ClientGone, Exchange
+from gateway.streaming import Exchange
 from gateway.surfaces import Answer, Surface
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
@@ -108,17 +107,7 @@ async def serve(
     The request's ``RequestLife`` records how it ended, whichever way that is."""
     started = received if received is not None else time.perf_counter()
     life = RequestLife(state, surface.route, ex, started)
-    try:
-        await _serve(ex, headers, state, surface, life)
-    except ApiError as exc:
-        life.refused(exc, exc.__cause__ if isinstance(exc.__cause__, BackendError) else None)
-        raise
-    except (ClientGone, asyncio.CancelledError):
-        life.left()
-        raise
-    except Exception:
-        life.crashed()
-        raise
+    await life.run(_serve(ex, headers, state, surface, life))
 
 
 async def _serve(

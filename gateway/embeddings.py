@@ -11,7 +11,6 @@ logs it. Backends of an embedding model are built as embedders (``build_embedder
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import random
 import struct
@@ -42,7 +41,7 @@ from gateway.dispatch import Deadlines
 from gateway.errors import ApiError, bad_request, from_backend, model_not_found
 from gateway.lifecycle import RequestLife
 from gateway.openai_api import error_for_json
-from gateway.streaming import ClientGone, Exchange
+from gateway.streaming import Exchange
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Reason
@@ -149,17 +148,7 @@ async def serve(
     """Answer one embeddings request on ``ex`` (``gateway.completions.serve``'s twin): errors before
     the answer raise ``ApiError``; the request's life records how it ended."""
     life = RequestLife(state, EMBEDDINGS.route, ex, received if received is not None else time.perf_counter())
-    try:
-        await _serve(ex, headers, state, life)
-    except ApiError as exc:
-        life.refused(exc, exc.__cause__ if isinstance(exc.__cause__, BackendError) else None)
-        raise
-    except (ClientGone, asyncio.CancelledError):
-        life.left()
-        raise
-    except Exception:
-        life.crashed()
-        raise
+    await life.run(_serve(ex, headers, state, life))
 
 
 async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, life: RequestLife) -> None:

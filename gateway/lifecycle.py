@@ -11,19 +11,22 @@ responses get the same ``x-enginegate-*`` headers as answers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, cast
 
 from backends.base import BackendError, ErrorKind, Usage
 from gateway.dispatch import Committed, Target
+from gateway.errors import ApiError
 from gateway.fleet import Entry
+from gateway.streaming import ClientGone
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gateway.errors import ApiError
     from gateway.state import AppState
     from gateway.streaming import Exchange
 
@@ -211,6 +214,21 @@ class RequestLife:
         self.overhead_header(self.engine_wait_s)
         if self._open():
             self._record("error", error.status, None, cause, error.code)
+
+    async def run(self, work: Awaitable[None]) -> None:
+        """Await the request's handling; whichever way it ends before an answer began (refused, the
+        client gone, a gateway bug), that is recorded here, once, and the exception goes on."""
+        try:
+            await work
+        except ApiError as exc:
+            self.refused(exc, exc.__cause__ if isinstance(exc.__cause__, BackendError) else None)
+            raise
+        except (ClientGone, asyncio.CancelledError):
+            self.left()
+            raise
+        except Exception:
+            self.crashed()
+            raise
 
     def left(self) -> None:
         """The client went away before an answer started (nothing is sent)."""
