@@ -31,6 +31,10 @@ BACKENDS = {
 """Backend name in the gateway's config -> engine kind (and the fake serving it)."""
 ADMIN_ENV, ADMIN_KEY = "EG_CHAOS_ADMIN_KEY", "chaos-admin-key"
 FIRST_TOKEN_TIMEOUT_S = 2.0
+ANSWER_TIMEOUT_S = 8.0
+"""Engines that answer whole (Triton's ensemble, MII REST) have no first token to time: a hung one is cut
+by this. Left at the 20 s read timeout, two hangs drawn for one request (seed 11) took 30 s, the
+clients' deadline; the fakes' whole answers take well under a second."""
 HEALTH_INTERVAL_S = 0.3
 DECODE_S = 0.02
 """Every fake's time per token (streaming or not): the tiny model answers in microseconds; a real
@@ -154,7 +158,8 @@ def gateway_config(fakes: dict[str, FakeProcess], read_timeouts: dict[str, float
     ``x-enginegate-class: probe-<name>`` prefers it). ``read_timeouts`` differ between reloads to make the
     gateway rebuild a backend (its settings changed)."""
     lines = [
-        f"routing: {{first_token_timeout_s: {FIRST_TOKEN_TIMEOUT_S}, max_attempts: 3, rules: [",
+        f"routing: {{first_token_timeout_s: {FIRST_TOKEN_TIMEOUT_S}, answer_timeout_s: {ANSWER_TIMEOUT_S},"
+        " max_attempts: 3, rules: [",
         *(
             f"  {{name: probe-{name}, match: {{headers: {{x-enginegate-class: probe-{name}}}}}, prefer: [{name}]}},"
             for name in fakes

@@ -30,8 +30,12 @@ def problems(text: str) -> list[str]:
 
 def test_embedded_default_is_valid() -> None:
     loaded = load_config(ROOT / "configs" / "default.yaml")
-    assert [b.engine for b in loaded.config.backends] == ["ctranslate2"]
-    assert loaded.resolve(loaded.config.models[0].gguf or "").is_file()
+    # CTranslate2 in process for text, and for embeddings (the demo model's own token embeddings)
+    assert [(b.engine, loaded.model(b.model).kind) for b in loaded.config.backends] == [
+        ("ctranslate2", "generate"),
+        ("ctranslate2", "embed"),
+    ]
+    assert all(loaded.resolve(m.gguf or "").is_file() for m in loaded.config.models)
 
 
 def test_unknown_key_names_file_line_and_key() -> None:
