@@ -111,6 +111,7 @@ class Gateway:
         handler: Handler = serve,
     ) -> None:
         ex = Exchange(receive, send, rid)
+        ex.error_body = surface.error_body  # a shutdown's 503 before the answer: in this front door's shape
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
             headers["authorization"] = "Bearer " + headers["x-api-key"]

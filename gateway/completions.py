@@ -194,6 +194,7 @@ async def _serve(
     if stream:
         # A stream's headers go out with its first token: what the gateway added up to there.
         life.overhead_header(gen.clock.waited_s)
+        ex.failure = answer.failure  # a shutdown that cuts the stream ends it in this front door's events
         await _stream(ex, _events(committed, answer, life))
         return
     doc, usage = answer.whole(committed.first)  # a whole answer: dispatch read it to its end

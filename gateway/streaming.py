@@ -11,6 +11,7 @@ server shutdown.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -47,6 +48,10 @@ class Exchange:
         self._send = send
         self.request_id = request_id
         self.headers: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id.encode())]
+        self.failure: Callable[[ApiError], bytes] | None = None
+        """How the front door ends a stream that failed (its own error events); default OpenAI's."""
+        self.error_body: Callable[[ApiError], bytes] | None = None
+        """The front door's error JSON for an error response; default OpenAI's."""
         """Sent with the response; handlers add theirs before it starts."""
         self.started = False
         self.left = False
@@ -132,7 +137,8 @@ class Exchange:
         answer started, else an SSE error event and ``[DONE]`` (a graceful shutdown's last word).
         The stream writer must be stopped first (its task cancelled and unwound): writes never interleave."""
         if not self.started:
-            await self.error(exc)
+            await self.error(exc, self.error_body(exc) if self.error_body is not None else None)
         elif not self._finished:
             self._finished = True
-            await self._send({"type": "http.response.body", "body": event(exc.body()) + DONE, "more_body": False})
+            last = self.failure(exc) if self.failure is not None else event(exc.body()) + DONE
+            await self._send({"type": "http.response.body", "body": last, "more_body": False})

@@ -83,3 +83,35 @@ def test_sigterm_drains_streams_with_an_error_event_and_done(
     after = engine.stats()
     assert after["active"] == before["active"]
     assert after["cut"] == before["cut"] + LONG  # the engine's work for the cut streams stopped
+
+
+def anthropic_stream(port: int, out: list[str]) -> None:
+    body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/messages", json=body, timeout=30) as resp:
+        assert resp.status_code == 200
+        out.append(resp.read().decode())
+
+
+def test_a_stream_cut_by_shutdown_ends_in_its_own_front_doors_events(
+    tmp_path: Path, engine: Engine, cache_dir: Path
+) -> None:
+    """An Anthropic client ignores OpenAI's unnamed error event: to it that stream would just stop."""
+    config = tmp_path / "drain.yaml"
+    config.write_text(config_text(engine, f"drain_delay_s: 0, shutdown_grace_s: {GRACE_S}"))
+    gw = GatewayProcess(config, cache_dir)
+    before = engine.stats()
+    bodies: list[str] = []
+    thread = threading.Thread(target=anthropic_stream, args=(gw.port, bodies))
+    try:
+        thread.start()
+        wait_until(lambda: engine.stats()["active"] == before["active"] + 1, timeout=10)
+        gw.proc.send_signal(signal.SIGTERM)
+        thread.join(timeout=GRACE_S + 10)
+        assert gw.proc.wait(timeout=10) == 0
+    finally:
+        gw.stop()
+    assert len(bodies) == 1
+    last = [e for e in bodies[0].split("\n\n") if e][-1]
+    assert last.startswith("event: error\n"), last
+    assert "[DONE]" not in bodies[0]
+    assert orjson.loads(last.split("data: ", 1)[1])["type"] == "error"
