@@ -7,11 +7,12 @@ is never asked for text, and one of ``kind: generate`` never for vectors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
-from backends.base import BackendError, Chunk, EngineClock, ErrorKind
+from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
+from backends.capabilities import PLAIN, Capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +53,43 @@ async def no_text(name: str, model: str) -> AsyncIterator[Chunk]:
 def normalized(vector: list[float]) -> list[float]:
     norm = sum(x * x for x in vector) ** 0.5
     return [x / norm for x in vector] if norm > 0 else vector
+
+
+class InProcessEmbedder:
+    """What the in-process embedders share: one model of a known context and vocabulary, inputs checked
+    against them, no text, the gateway's own count of its work as load."""
+
+    capabilities: ClassVar[Capabilities] = PLAIN
+
+    def __init__(self, name: str, model_name: str, context: int, vocab_size: int) -> None:
+        self.name = name
+        self._model = model_name
+        self.context = context
+        self._vocab_size = vocab_size
+        self._running = 0
+        self._waiting = 0
+
+    def check(self, ids: Sequence[int]) -> None:
+        """Refuse an input the model cannot embed: empty, beyond its context, or ids outside its vocabulary."""
+        if not ids:
+            raise BackendError(ErrorKind.BAD_REQUEST, "An input is empty.", param="input")
+        if len(ids) > self.context:
+            raise BackendError(
+                ErrorKind.CONTEXT_LENGTH,
+                f"An input of {len(ids)} tokens is longer than the model's context ({self.context}).",
+                param="input",
+            )
+        if max(ids) >= self._vocab_size or min(ids) < 0:
+            raise BackendError(ErrorKind.BAD_REQUEST, "A token id is outside the vocabulary.", param="input")
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        return no_text(self.name, self._model)
+
+    async def health(self) -> Health:
+        return Health(ok=True)
+
+    async def load(self) -> Load | None:
+        return Load(running=self._running, waiting=self._waiting)
+
+    def models(self) -> list[str]:
+        return [self._model]

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Load
-from backends.capabilities import PLAIN, Capabilities
-from backends.embed_base import EmbedRequest, EmbedResult, no_text, normalized
+from backends.base import BackendError, ErrorKind
+from backends.embed_base import EmbedRequest, EmbedResult, InProcessEmbedder, normalized
 from backends.gguf_file import GgufCache
 
 
-class LlamaCppEmbedder:
-    capabilities: ClassVar[Capabilities] = PLAIN
-
+class LlamaCppEmbedder(InProcessEmbedder):
     def __init__(
         self,
         name: str,
@@ -36,9 +32,8 @@ class LlamaCppEmbedder:
         import llama_cpp
 
         gguf = (ggufs or GgufCache()).header(gguf_path)
-        self.name = name
-        self._model = model_name
-        self.context = min(n_ctx or gguf.context_length, gguf.context_length)
+        context = min(n_ctx or gguf.context_length, gguf.context_length)
+        super().__init__(name, model_name, context, len(gguf.vocab.tokens))
         self._llama: Any = llama_cpp.Llama(
             str(gguf_path),
             embedding=True,
@@ -50,13 +45,10 @@ class LlamaCppEmbedder:
             n_threads_batch=threads,
             verbose=False,
         )
-        self._vocab = len(gguf.vocab.tokens)
         self._lock = asyncio.Semaphore(1)
         self._context = threading.Lock()
         """Held by the worker thread: a cancelled request's thread runs on, and the next waits for it."""
         self._max_queue = max_queue
-        self._waiting = 0
-        self._running = 0
 
     def _vectors(self, inputs: tuple[str, ...] | tuple[tuple[int, ...], ...]) -> EmbedResult:
         """On the worker thread. Each input is one sequence decoded alone, pooled by llama.cpp; this
@@ -74,16 +66,7 @@ class LlamaCppEmbedder:
         tokens = 0
         for item in inputs:
             ids = llama.tokenize(item.encode()) if isinstance(item, str) else list(item)
-            if not ids:
-                raise BackendError(ErrorKind.BAD_REQUEST, "An input is empty.", param="input")
-            if len(ids) > self.context:
-                raise BackendError(
-                    ErrorKind.CONTEXT_LENGTH,
-                    f"An input of {len(ids)} tokens is longer than the model's context ({self.context}).",
-                    param="input",
-                )
-            if max(ids) >= self._vocab or min(ids) < 0:
-                raise BackendError(ErrorKind.BAD_REQUEST, "A token id is outside the vocabulary.", param="input")
+            self.check(ids)
             batch = llama._batch
             batch.reset()
             batch.add_sequence(ids, 0, True)
@@ -112,18 +95,6 @@ class LlamaCppEmbedder:
         finally:
             if queued:
                 self._waiting -= 1
-
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        return no_text(self.name, self._model)
-
-    async def health(self) -> Health:
-        return Health(ok=True)
-
-    async def load(self) -> Load | None:
-        return Load(running=self._running, waiting=self._waiting)
-
-    def models(self) -> list[str]:
-        return [self._model]
 
     async def aclose(self) -> None:
         self._llama.close()

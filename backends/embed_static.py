@@ -13,15 +13,11 @@ for big batches).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health, Load
-from backends.capabilities import PLAIN, Capabilities
-from backends.embed_base import EmbedRequest, EmbedResult, no_text
+from backends.embed_base import EmbedRequest, EmbedResult, InProcessEmbedder
 from backends.gguf_file import GgufCache, read_gguf
 from backends.hf_tokenizer import encode
 
@@ -29,34 +25,21 @@ INLINE_INPUTS_CHARS = 8192
 """Batches up to this many characters are embedded inline (well under a millisecond); bigger ones in a thread."""
 
 
-class StaticEmbedder:
-    capabilities: ClassVar[Capabilities] = PLAIN
-
+class StaticEmbedder(InProcessEmbedder):
     def __init__(self, name: str, model_name: str, gguf_path: Path, ggufs: GgufCache | None = None) -> None:
         ggufs = ggufs or GgufCache()
-        self.name = name
-        self._model = model_name
         header = ggufs.header(gguf_path)
-        self.context = header.context_length
-        self._table = read_gguf(gguf_path).tensors["token_embd.weight"].reshape(len(header.vocab.tokens), -1)
+        vocab = len(header.vocab.tokens)
+        super().__init__(name, model_name, header.context_length, vocab)
+        self._table = read_gguf(gguf_path).tensors["token_embd.weight"].reshape(vocab, -1)
         self._tokenizer = ggufs.tokenizer(gguf_path)
-        self._running = 0
 
     def _vectors(self, inputs: tuple[str, ...] | tuple[tuple[int, ...], ...]) -> EmbedResult:
         vectors: list[list[float]] = []
         tokens = 0
         for item in inputs:
             ids = encode(self._tokenizer, item).ids if isinstance(item, str) else list(item)
-            if not ids:
-                raise BackendError(ErrorKind.BAD_REQUEST, "An input is empty.", param="input")
-            if len(ids) > self.context:
-                raise BackendError(
-                    ErrorKind.CONTEXT_LENGTH,
-                    f"An input of {len(ids)} tokens is longer than the model's context ({self.context}).",
-                    param="input",
-                )
-            if max(ids) >= len(self._table) or min(ids) < 0:
-                raise BackendError(ErrorKind.BAD_REQUEST, "A token id is outside the vocabulary.", param="input")
+            self.check(ids)
             mean = self._table[ids].mean(axis=0, dtype=np.float64)
             norm = float(np.linalg.norm(mean))
             vectors.append((mean / norm if norm > 0 else mean).tolist())
@@ -72,18 +55,6 @@ class StaticEmbedder:
             return await asyncio.to_thread(self._vectors, request.inputs)
         finally:
             self._running -= 1
-
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        return no_text(self.name, self._model)
-
-    async def health(self) -> Health:
-        return Health(ok=True)
-
-    async def load(self) -> Load | None:
-        return Load(running=self._running, waiting=0)
-
-    def models(self) -> list[str]:
-        return [self._model]
 
     async def aclose(self) -> None:
         return None

@@ -110,8 +110,7 @@ class Gateway:
         surface: Surface | embeddings.EmbeddingsDoor,
         handler: Handler = serve,
     ) -> None:
-        ex = Exchange(receive, send, rid)
-        ex.error_body = surface.error_body  # a shutdown's 503 before the answer: in this front door's shape
+        ex = Exchange(receive, send, rid, surface.error_body)  # errors, a shutdown's too, in the door's shape
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
             headers["authorization"] = "Bearer " + headers["x-api-key"]
@@ -122,7 +121,7 @@ class Gateway:
             await handler(ex, headers, self.state, surface, scope.get(RECEIVED))
         except ApiError as exc:
             if not ex.started:
-                await ex.error(exc, surface.error_body(exc))
+                await ex.error(exc)
         except ClientGone:
             pass  # left while sending the body: nothing was started, nobody to answer
         except asyncio.CancelledError:
@@ -134,8 +133,7 @@ class Gateway:
         except Exception:
             log.exception("unhandled error", extra={"request_id": rid})  # the request's life recorded it
             if not ex.started:
-                internal = ApiError(500, _INTERNAL, type="api_error", code="internal_error")
-                await ex.error(internal, surface.error_body(internal))
+                await ex.error(ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
         finally:
             ex.close()
             if task is not None:

@@ -39,8 +39,8 @@ log = logging.getLogger("enginegate.request")
 
 def _unsupported(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
     """400 naming the field no backend serving the model can honour, and what each backend lacks."""
-    lacks = {name: set(text.removeprefix("lacks ").split(", ")) for name, text in decision.excluded.items()}
-    why = "; ".join(f"{name} lacks {', '.join(sorted(items))}" for name, items in lacks.items())
+    lacks = decision.lacks
+    why = "; ".join(f"{name} lacks {', '.join(items)}" for name, items in lacks.items())
     for extra in sorted(extras):
         if all(extra in items for items in lacks.values()):
             return ApiError(
@@ -154,8 +154,8 @@ async def _serve(
         )
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
+    spec = snapshot.models.get(gen.model)  # the model's figures as this request's snapshot has them
     if key is not None and tenancy is not None:  # scope, limits and budget, before any backend is chosen
-        spec = snapshot.models.get(gen.model)
         context = spec.context if spec is not None else None
         estimated = None if exact is not None else len(gen.messages or ((),))  # messages when counted roughly
         feats = await tenancy.admit(key, feats, life, "x-priority" in headers, limits.max_tokens, context, estimated)
@@ -175,7 +175,8 @@ async def _serve(
     )
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     targets = fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
-    model_context = fleet.models[gen.model].context
+    assert spec is not None  # choose() found candidates, so the snapshot knows the model
+    model_context = spec.context
     prompt_tokens = feats.prompt_tokens
 
     def open_answer_at(target: dispatch.Target, request: GenerationRequest) -> AsyncIterator[Chunk]:

@@ -43,15 +43,17 @@ def event(doc: Any) -> bytes:
 
 
 class Exchange:
-    def __init__(self, receive: Receive, send: Send, request_id: str) -> None:
+    def __init__(
+        self, receive: Receive, send: Send, request_id: str, error_body: Callable[[ApiError], bytes] | None = None
+    ) -> None:
         self._receive = receive
         self._send = send
         self.request_id = request_id
-        self.headers: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id.encode())]
+        self.error_body = error_body
+        """The front door's error JSON for an error response; default OpenAI's."""
         self.failure: Callable[[ApiError], bytes] | None = None
         """How the front door ends a stream that failed (its own error events); default OpenAI's."""
-        self.error_body: Callable[[ApiError], bytes] | None = None
-        """The front door's error JSON for an error response; default OpenAI's."""
+        self.headers: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id.encode())]
         """Sent with the response; handlers add theirs before it starts."""
         self.started = False
         self.left = False
@@ -116,10 +118,10 @@ class Exchange:
         self._finished = True
         await self._send({"type": "http.response.body", "body": body})
 
-    async def error(self, exc: ApiError, body: bytes | None = None) -> None:
-        """``exc`` as an HTTP error; ``body``: its JSON in the front door's own error shape (default OpenAI's)."""
+    async def error(self, exc: ApiError) -> None:
+        """``exc`` as an HTTP error, in the front door's own error shape."""
         extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers().items()]
-        await self.respond(exc.status, exc.json() if body is None else body, extra)
+        await self.respond(exc.status, exc.json() if self.error_body is None else self.error_body(exc), extra)
 
     async def start_stream(self) -> None:
         self.started = True
@@ -137,7 +139,7 @@ class Exchange:
         answer started, else an SSE error event and ``[DONE]`` (a graceful shutdown's last word).
         The stream writer must be stopped first (its task cancelled and unwound): writes never interleave."""
         if not self.started:
-            await self.error(exc, self.error_body(exc) if self.error_body is not None else None)
+            await self.error(exc)
         elif not self._finished:
             self._finished = True
             last = self.failure(exc) if self.failure is not None else event(exc.body()) + DONE

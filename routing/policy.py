@@ -190,9 +190,13 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     serving = [b for b in snapshot.backends if f.model in b.profile.models]
     if model is None or not serving:
         return Decision(Reason.NO_BACKEND_FOR_MODEL, rule=name, max_attempts=max_attempts)
-    if (f.needs or f.extras) and all(lacking(s, f) for s in serving):
-        lacks = {s.name: "lacks " + ", ".join(lacking(s, f)) for s in serving}
-        return Decision(Reason.UNSUPPORTED, excluded=lacks, rule=name, max_attempts=max_attempts)
+    if f.needs or f.extras:
+        lacks = {s.name: tuple(lacking(s, f)) for s in serving}
+        if all(lacks.values()):
+            excluded_all = {backend: "lacks " + ", ".join(items) for backend, items in lacks.items()}
+            return Decision(
+                Reason.UNSUPPORTED, excluded=excluded_all, rule=name, max_attempts=max_attempts, lacks=lacks
+            )
     out = f.max_tokens or DEFAULT_MAX_TOKENS
     excluded: dict[str, str] = {}
     alive: list[BackendState] = []

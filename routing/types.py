@@ -259,3 +259,5 @@ class Decision:
     retry_after_s: float | None = None
     hedge_after_ms: float | None = None
     """With hedging on and a first-token budget: start the next candidate too when the first token is this late."""
+    lacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """``UNSUPPORTED``: each serving backend's missing capabilities and extra fields, by name."""

@@ -9,10 +9,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from tests.conftest import free_port
+from tests.polling import wait_until
 
 
 def _pg_bin() -> Path:
@@ -22,15 +22,6 @@ def _pg_bin() -> Path:
 
 
 PG_BIN = _pg_bin()
-
-
-def _wait(check: object, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(check) and check():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"{what} did not start within {timeout}s")
 
 
 class RedisServer:
@@ -48,7 +39,7 @@ class RedisServer:
         args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(self.directory)]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait(self.ping, "redis-server")
+        wait_until(self.ping, timeout=20, interval=0.05, message="redis-server did not start within 20s")
 
     def ping(self) -> bool:
         cli = shutil.which("redis-cli")
