@@ -313,7 +313,7 @@ class RuleConfig(_Strict):
 class WeightsConfig(_Strict):
     budget: float = Field(default=1.0, ge=0)
     cost: float = Field(default=0.2, ge=0)
-    load: float = Field(default=0.2, ge=0)
+    load: float = Field(default=1.5, ge=0)
     affinity: float = Field(default=0.1, ge=0)
 
 

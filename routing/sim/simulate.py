@@ -229,14 +229,14 @@ def backend_capacity_rps(engine: SimEngine, prompt: float, out: float, prefill_s
     limit = max(1, min(engine.max_batch, int(engine.kv_tokens / (prompt + out))))
     best = 0.0
     batch = 1
-    prompt = prompt * prefill_share  # cached tokens still take KV (the limit above), not prefill
+    fresh = prompt * prefill_share  # cached tokens are not prefilled, but take KV and are read by every decode step
     while True:
-        prefill = min(PREFILL_CHUNK_TOKENS, batch * prompt / out)
+        prefill = min(PREFILL_CHUNK_TOKENS, batch * fresh / out)
         ms = step_ms(
             engine.perf, p.gpu, p.gpu_count, engine.model.params_b, engine.model.bytes_per_param,
             engine.model.kv_bytes_per_token, batch, batch * (prompt + out / 2), prefill,
         )  # fmt: skip
-        best = max(best, min(batch / out, prefill / prompt) / (ms / 1000))
+        best = max(best, min(batch / out, prefill / fresh) / (ms / 1000))
         if batch >= limit:
             return best
         batch = min(limit, batch * 2)

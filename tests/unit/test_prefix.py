@@ -199,3 +199,49 @@ def test_a_hopeless_request_takes_the_backend_where_its_prompt_costs_least_work(
     assert decision.reason is Reason.BEST_EFFORT
     first = decision.candidates[0]
     assert first.backend == "warm" and first.prediction.queue_ms > 0
+
+
+def test_a_new_conversation_goes_to_the_least_busy_backend_with_caches_full_everywhere() -> None:
+    # The rendezvous home bounded by cached tokens ignored load once every cache was full: a busy
+    # home kept taking new conversations while another backend idled.
+    full = [state(f"b{i}", running=40, prefix=_holding(chat(), capacity=MIN_CAPACITY_TOKENS)) for i in range(4)]
+    quiet = replace(full[2], running=5)
+    snapshot = FleetSnapshot((full[0], full[1], quiet, full[3]), {"llama-8b": LLAMA_8B})
+    for i in range(20):
+        decision = choose(feats(chat(f"Question number {i}?")), snapshot, Rules())
+        assert [c.backend for c in decision.candidates if c.terms["affinity"]] == ["b2"]
+        assert decision.candidates[0].backend == "b2"
+    # equal loads: the rendezvous order breaks the tie, the same from every replica
+    even = FleetSnapshot(tuple(full), {"llama-8b": LLAMA_8B})
+    spread = {choose(feats(chat(f"Question number {i}?")), even, Rules()).candidates[0].backend for i in range(40)}
+    assert len(spread) == 4
+
+
+def test_saturated_backends_are_still_told_apart_by_load() -> None:
+    # 1 - used/slots flattened to 0 once requests outnumbered slots: 300 and 100 in flight looked alike.
+    a, b = state("a", running=300), state("b", running=100)
+    decision = choose(feats(chat("hello")), FleetSnapshot((a, b), {"llama-8b": LLAMA_8B}), Rules())
+    terms = {c.backend: c.terms["load"] for c in decision.candidates}
+    assert terms["b"] == 1.0 and 0 < terms["a"] < 0.75
+    assert decision.candidates[0].backend == "b"
+
+
+def test_a_conversation_stays_with_its_history_while_predicted_within_twice_its_budget() -> None:
+    history = chat("Summarise this manual: " + "The pump must be primed before use. " * 600)
+    turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
+    held = _holding(history)
+    f = feats(turn)
+    warm = replace(state("warm", running=8, prefix=held), prefill_backlog_tokens=60_000)  # prompts ahead of it
+    snapshot = FleetSnapshot((state("cold", running=8), warm), {"llama-8b": LLAMA_8B})
+    warm_ttft = next(c for c in choose(f, snapshot, Rules()).candidates if c.backend == "warm").prediction.ttft_ms
+    # a budget the warm backend is predicted to miss by a third, the cold one to meet
+    budgeted = replace(f, ttft_budget_ms=warm_ttft * 0.75)
+    decision = choose(budgeted, snapshot, Rules())
+    cold = next(c for c in decision.candidates if c.backend == "cold")
+    assert cold.prediction.ttft_ms < budgeted.ttft_budget_ms  # the cold backend would meet it
+    assert decision.candidates[0].backend == "warm" and decision.candidates[0].meets_budget
+    # predicted beyond twice the budget there, it moves
+    hopeless_home = replace(f, ttft_budget_ms=warm_ttft * 0.45)
+    moved = choose(hopeless_home, snapshot, Rules())
+    assert next(c for c in moved.candidates if c.backend == "cold").prediction.ttft_ms < hopeless_home.ttft_budget_ms
+    assert moved.candidates[0].backend == "cold"

@@ -209,3 +209,14 @@ def test_cli_simulate_rejects_bad_arguments(tmp_path: Path, capsys: pytest.Captu
     assert main(["simulate", "--config", config, "--trace", trace, "--outage", "trt-h100:9"]) == 1
     assert "--outage" in capsys.readouterr().err
     assert main(["simulate", "--config", config, "--trace", str(tmp_path / "missing.csv")]) == 1
+
+
+def test_cached_prompt_tokens_are_not_prefilled_but_every_decode_step_still_reads_them() -> None:
+    # Capacity with 80% of a long prompt cached sat at that of a prompt a fifth as long: the decode
+    # steps' context shrank with the prefill, and "80% load" on a prefix-heavy workload was saturation.
+    fleet = SimFleet((profile("a", "vllm", "H100", max_concurrency=8),), {"m8": LLAMA_8B})  # slots, not KV, bind
+    long = [SimRequest(i, i * 0.01, 5000, 200, "batch", None, None) for i in range(50)]
+    short = [SimRequest(i, i * 0.01, 1000, 200, "batch", None, None) for i in range(50)]
+    cached = capacity_rps(fleet, long, ["m8"] * 50, prefill_share=0.2)
+    assert cached > capacity_rps(fleet, long, ["m8"] * 50)  # less prefill: more requests
+    assert cached < 0.95 * capacity_rps(fleet, short, ["m8"] * 50)  # but not those of short prompts
