@@ -151,6 +151,7 @@ async def _serve(
             extras,
             roles=[m.get("role", "") for m in gen.messages] if gen.messages is not None else None,
             top_logprobs=gen.top_logprobs,
+            block_bytes=rt.block_bytes,
         )
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from backends.gguf_file import GgufCache
 from gateway.tenancy.settings import AuthConfig, RedisConfig
 from routing.features import RULE_HEADERS
+from routing.prefix import DEFAULT_BLOCK_TOKENS
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 
@@ -325,6 +326,16 @@ class BreakerConfig(_Strict):
     max_cooldown_s: float = Field(default=30.0, gt=0)
 
 
+class PrefixConfig(_Strict):
+    block_tokens: int = Field(default=DEFAULT_BLOCK_TOKENS, ge=4, le=4096)
+    """Prompt blocks the prefix index keeps per backend, in tokens (cut as ``4 x block_tokens`` bytes
+    of the prompt's text: the gateway tokenizes nothing for them). 64 is TensorRT-LLM's KV page and
+    four of vLLM's blocks; every replica must use the same size."""
+    share: bool = False
+    """Replicas tell each other where they sent each prompt's blocks, through ``redis.url``'s pub/sub,
+    so a conversation whose turns reach different replicas still finds its history."""
+
+
 class RoutingConfig(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=16)
     first_token_timeout_s: float = Field(default=60.0, gt=0)
@@ -344,6 +355,7 @@ class RoutingConfig(_Strict):
     stale_after_s: float = Field(default=15.0, gt=0)
     """Engine load older than this is ignored in favour of the gateway's own in-flight count."""
     rules: list[RuleConfig] = []
+    prefix: PrefixConfig = PrefixConfig()
     drop_unsupported: bool = False
     """A request field no backend serving the model can honour is dropped (and named in the
     ``x-enginegate-dropped`` response header) instead of refused with 400."""
@@ -416,6 +428,8 @@ class GatewayConfig(_Strict):
         for engine in self.engine_efficiency:
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")
+        if self.routing.prefix.share and not self.redis.url:
+            errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
         if errors:
             raise ValueError("; ".join(errors))
         return self

@@ -24,6 +24,7 @@ from gateway.engines import BackendFactory
 from gateway.fleet import Entry, Fleet, reconcile
 from gateway.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
+from routing.prefix import CHARS_PER_TOKEN
 from routing.types import Rules
 
 log = logging.getLogger("enginegate.config")
@@ -39,6 +40,11 @@ class Runtime:
     @property
     def config(self) -> GatewayConfig:
         return self.loaded.config
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of prompt text per prefix block (``routing.prefix.block_tokens``)."""
+        return self.loaded.config.routing.prefix.block_tokens * CHARS_PER_TOKEN
 
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:

@@ -8,7 +8,7 @@ from routing import prefix
 from routing.types import RequestFeatures
 
 # Without the model's tokenizer at hand: about four characters per token for English text.
-CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN = prefix.CHARS_PER_TOKEN
 # Headers rules may match on: the gateway's own and the client's tenant marker; never credentials.
 RULE_HEADERS = ("x-tenant", "x-priority", "x-enginegate-pool", "x-enginegate-class")
 
@@ -75,10 +75,12 @@ def features(
     extras: frozenset[str] = frozenset(),
     roles: Sequence[str] | None = None,
     top_logprobs: int = 0,
+    block_bytes: int = prefix.BLOCK_BYTES,
 ) -> RequestFeatures:
     """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text.
     ``roles``: the chat messages' roles (None for a completion prompt), which mark the conversation's
-    preamble and opening (``routing.prefix.opening``)."""
+    preamble and opening (``routing.prefix.opening``). ``block_bytes``: the prefix blocks' size
+    (``routing.prefix.block_tokens`` x ``routing.prefix.CHARS_PER_TOKEN``)."""
     texts = list(texts)
     tokens = prompt_tokens if prompt_tokens is not None else estimate_tokens(texts)
     data = prefix.rendered(texts)
@@ -94,9 +96,9 @@ def features(
         priority=_priority(headers),
         tenant=headers.get("x-tenant"),
         prefix_hash=prefix.opening_key(data, opening),
-        prefix_blocks=prefix.chain(data),
-        block_tokens=tokens * prefix.BLOCK_BYTES / max(1, len(data)),
-        preamble_blocks=preamble // prefix.BLOCK_BYTES,
+        prefix_blocks=prefix.chain(data, block_bytes),
+        block_tokens=tokens * block_bytes / max(1, len(data)),
+        preamble_blocks=preamble // block_bytes,
         headers=tuple((h, headers[h]) for h in RULE_HEADERS if h in headers),
         gate=gate,
         needs=needs,

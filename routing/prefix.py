@@ -26,19 +26,22 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
-BLOCK_BYTES = 256
-"""Bytes per block, about 64 tokens of English text: the page size of TensorRT-LLM's KV cache and
-four of vLLM's 16-token blocks. Smaller blocks predict a few more cached tokens at a cost linear in
-the prompt; a block of difference is noise beside a prompt's prefill."""
-MAX_BLOCKS = 4096
-"""Prompts longer than this many blocks (1 MiB) are hashed up to here: the work per request stays bounded."""
+CHARS_PER_TOKEN = 4
+"""Bytes a block holds per configured token (``routing.prefix.block_tokens``): English text's
+average, so a block of 64 tokens is cut as 256 bytes (the gateway tokenizes nothing to cut them)."""
+DEFAULT_BLOCK_TOKENS = 64
+"""TensorRT-LLM's default KV page (``tokens_per_block``) and four of vLLM's 16-token blocks. Smaller
+blocks predict a few more cached tokens at a cost linear in the prompt; a block of difference is
+noise beside a prompt's prefill."""
+BLOCK_BYTES = DEFAULT_BLOCK_TOKENS * CHARS_PER_TOKEN
+MAX_BYTES = 1 << 20
+"""Prompts longer than this (1 MiB) are hashed up to here: the work per request stays bounded."""
 OPENING_BYTES = 2048
 """A completion prompt's opening (its rendezvous key) is at most its first 2 KiB."""
 MIN_CAPACITY_TOKENS = 512
 """An engine's learned cache size never drops below this: one short prompt always fits."""
 REPORT_WEIGHT = 0.3
 """How far one engine report of a missed block moves the expected cache size towards that block's age."""
-"""An engine's learned cache size never drops below this: one short prompt always fits."""
 
 
 def _key(crc: int, position: int) -> int:
@@ -50,7 +53,7 @@ def chain(data: bytes, block: int = BLOCK_BYTES) -> tuple[int, ...]:
     view = memoryview(data)
     keys = []
     crc = 0
-    for position, start in enumerate(range(0, min(len(data), block * MAX_BLOCKS) - block + 1, block)):
+    for position, start in enumerate(range(0, min(len(data), MAX_BYTES) - block + 1, block)):
         crc = zlib.crc32(view[start : start + block], crc)
         keys.append(_key(crc, position))
     return tuple(keys)

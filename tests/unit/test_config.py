@@ -89,3 +89,17 @@ def test_a_rule_on_a_header_routing_never_reads_is_refused() -> None:
         parse_config(text, "c.yaml")
     assert "x-t cannot be matched" in info.value.problems[0]
     parse_config(GOOD + "routing:\n  rules:\n    - name: r\n      match: {headers: {x-tenant: a}}\n", "c.yaml")
+
+
+def test_prefix_block_size_is_configured_in_tokens_and_sharing_needs_redis() -> None:
+    assert any("routing.prefix.block_tokens" in p for p in problems(GOOD + "routing: {prefix: {block_tokens: 2}}\n"))
+    shared = problems(GOOD + "routing: {prefix: {share: true}}\n")
+    assert any("routing.prefix.share: needs redis.url" in p for p in shared)
+
+
+def test_the_configured_block_size_reaches_the_request_path(tmp_path: Path) -> None:
+    from gateway.state import Runtime
+
+    path = write_config(tmp_path / "f.yaml", GOOD + "routing: {prefix: {block_tokens: 16}}\n")
+    assert Runtime.of(load_config(path)).block_bytes == 64
+    assert Runtime.of(load_config(write_config(tmp_path / "g.yaml", GOOD))).block_bytes == 256

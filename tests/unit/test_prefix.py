@@ -7,6 +7,8 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
+
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.estimator import kv_capacity_tokens, predict
 from routing.explain import render, to_dict
@@ -245,3 +247,14 @@ def test_a_conversation_stays_with_its_history_while_predicted_within_twice_its_
     moved = choose(hopeless_home, snapshot, Rules())
     assert next(c for c in moved.candidates if c.backend == "cold").prediction.ttft_ms < hopeless_home.ttft_budget_ms
     assert moved.candidates[0].backend == "cold"
+
+
+def test_the_block_size_comes_from_the_config() -> None:
+    messages = chat("Tell me about pumps. " * 40)
+    texts = [m["content"] for m in messages]
+    roles = [m["role"] for m in messages]
+    default = features("llama-8b", texts, 64, True, {}, roles=roles)
+    small = features("llama-8b", texts, 64, True, {}, roles=roles, block_bytes=BLOCK_BYTES // 4)
+    assert len(small.prefix_blocks) >= 4 * len(default.prefix_blocks)
+    assert small.block_tokens == pytest.approx(default.block_tokens / 4)
+    assert small.preamble_blocks >= 4 * default.preamble_blocks > 0
