@@ -39,7 +39,7 @@ AZURE_CONV = ROOT / "data/traces/AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = ROOT / "data/traces/mooncake_synthetic_trace.jsonl"
 BASELINES_WITHOUT_CACHE = ("round_robin", "random", "least_busy", "latency", "static")
 """Policies that know nothing of prefixes."""
-ENGINEGATE = ("enginegate", "enginegate_2x")
+ENGINEGATE = ("enginegate", "enginegate_2x", "enginegate_2x_shared")
 
 
 def uniform_fleet() -> SimFleet:

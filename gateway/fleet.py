@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import Backend, Health, Load
@@ -22,6 +22,7 @@ from gateway.breaker import CircuitBreaker
 from gateway.catalog import capabilities, model_specs, profile
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
+from gateway.prefix_share import PrefixShare
 from routing.estimator import kv_capacity_tokens, observe, typical_output
 from routing.load import current as current_load
 from routing.prefix import PrefixIndex
@@ -111,6 +112,8 @@ class Fleet:
         self._retiring: set[asyncio.Task[None]] = set()
         self.after_poll: Callable[[], None] = lambda: None
         """Called after every poll (metrics refresh their backend gauges from it)."""
+        self.share: PrefixShare | None = None
+        """``routing.prefix.share``: the other replicas hear where this one sent each prompt's blocks."""
 
     @property
     def backends(self) -> dict[str, Backend]:
@@ -196,13 +199,24 @@ class Fleet:
         """The prompt of ``features`` goes to ``entry``: its blocks join what the engine is expected to
         hold. Returns the ages of the ``cached_blocks`` blocks routing expected there (to judge the
         engine's report with)."""
-        index = entry.prefix
-        if index is None:
-            model = self.models.get(features.model)
-            index = entry.prefix = PrefixIndex(kv_capacity_tokens(model, entry.profile) if model else 0.0)
+        index = self._index(entry, features.model)
         ages = index.ages(features.prefix_blocks, cached_blocks)
         index.add(features.prefix_blocks, features.block_tokens)
+        if self.share is not None:
+            self.share.sent(entry.name, features.prefix_blocks, features.block_tokens)
         return ages
+
+    def learn(self, backend: str, keys: Sequence[int], block_tokens: float) -> None:
+        """Another replica sent a prompt of ``keys`` to ``backend``: the engine holds its blocks now."""
+        entry = self.entries.get(backend)
+        if entry is not None:
+            self._index(entry, next(iter(entry.profile.models), "")).add(keys, block_tokens)
+
+    def _index(self, entry: Entry, model_name: str) -> PrefixIndex:
+        if entry.prefix is None:
+            model = self.models.get(model_name)
+            entry.prefix = PrefixIndex(kv_capacity_tokens(model, entry.profile) if model else 0.0)
+        return entry.prefix
 
     def cached(self, entry: Entry, ages: list[float], cached_tokens: int, block_tokens: float) -> None:
         """The engine reported the prompt tokens it reused: the expected cache size follows."""
@@ -267,8 +281,12 @@ class Fleet:
     async def start(self) -> None:
         await self.poll_once()
         self._task = asyncio.create_task(self._poll_forever(), name="fleet-poller")
+        if self.share is not None:
+            await self.share.start()
 
     async def aclose(self) -> None:
+        if self.share is not None:
+            await self.share.aclose()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

@@ -214,6 +214,12 @@ class Metrics:
         self._reloads = _Children(
             Counter("enginegate_config_reloads", "Config reloads by outcome.", ["outcome"], registry=r)
         )
+        self._prefix_share = _Children(Counter(
+            "enginegate_prefix_share_prompts",
+            "Prompts whose blocks this replica told the other replicas about (sent), heard about "
+            "(received), could not tell (dropped: Redis slow or away) or could not read (malformed).",
+            ["direction"], registry=r,
+        ))  # fmt: skip
         self.fleet = _FleetGauges(r, backends, snapshot)
 
     def model(self, name: str) -> str:
@@ -227,6 +233,9 @@ class Metrics:
 
     def reload(self, outcome: str) -> None:
         self._reloads(outcome).inc()
+
+    def prefix_share(self, direction: str, prompts: int = 1) -> None:
+        self._prefix_share(direction).inc(prompts)
 
     def attempt(self, backend: str, outcome: str) -> None:
         self._attempts(backend, outcome).inc()

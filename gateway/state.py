@@ -23,6 +23,7 @@ from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
 from gateway.engines import BackendFactory
 from gateway.fleet import Entry, Fleet, reconcile
 from gateway.metrics import MULTIPROCESS_ENV, Metrics
+from gateway.prefix_share import PrefixShare
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import Rules
@@ -66,6 +67,10 @@ class AppState:
             multiprocess_dir=os.environ.get(MULTIPROCESS_ENV) or None,
         )
         self.fleet.after_poll = self.metrics.fleet.refresh
+        if cfg.routing.prefix.share and cfg.redis.url:  # read at start, as the limits' Redis is
+            self.fleet.share = PrefixShare(
+                cfg.redis.url, self.fleet.learn, timeout_s=cfg.redis.timeout_s, count=self.metrics.prefix_share
+            )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
         self.started = int(time.time())

@@ -174,14 +174,22 @@ class StaticTable:
 class Enginegate:
     name = "enginegate"
 
-    def __init__(self, rules: Rules, models: dict[str, ModelSpec], replicas: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self, rules: Rules, models: dict[str, ModelSpec], replicas: int = 1, seed: int = 0, share_s: float | None = None
+    ) -> None:
+        """``replicas`` gateways, each request to one at random, each with its own prefix index;
+        ``share_s``: they tell each other where they sent each prompt (``routing.prefix.share``), heard
+        this much later."""
         self._rules = rules
         self._models = models
         self._indexes: list[dict[str, PrefixIndex]] = [{} for _ in range(replicas)]
         self._rng = random.Random(seed ^ 0x2E91)
         self._replica_of: dict[int, int] = {}
+        self._share_s = share_s
+        self._news: deque[tuple[float, int, str, tuple[int, ...], int]] = deque()
+        """(heard at, sender, backend, blocks, block tokens), oldest first."""
         if replicas > 1:
-            self.name = f"enginegate_{replicas}x"
+            self.name = f"enginegate_{replicas}x" + ("_shared" if share_s is not None else "")
 
     def _index(self, replica: int, v: BackendView) -> PrefixIndex:
         indexes = self._indexes[replica]
@@ -200,10 +208,23 @@ class Enginegate:
             prefix=index,
         )  # fmt: skip
 
+    def _hear(self, now: float, views: Sequence[BackendView]) -> None:
+        by_name = {v.name: v for v in views}
+        while self._news and self._news[0][0] <= now:
+            _, sender, backend, blocks, block_tokens = self._news.popleft()
+            view = by_name.get(backend)
+            if view is None:
+                continue
+            for replica in range(len(self._indexes)):
+                if replica != sender:
+                    self._index(replica, view).add(blocks, block_tokens)
+
     def pick(self, job: Job, views: Sequence[BackendView]) -> BackendView | None:
         r = job.request
         replica = self._rng.randrange(len(self._indexes))
         self._replica_of[id(job)] = replica
+        if self._share_s is not None:
+            self._hear(r.arrival_s, views)
         features = RequestFeatures(
             model=job.model,
             prompt_tokens=r.prompt_tokens,
@@ -229,6 +250,8 @@ class Enginegate:
             job.expected_cached = first.prediction.cached_tokens
             job.ages = index.ages(r.blocks, min(len(r.blocks), job.expected_cached // r.block_tokens))
             index.add(r.blocks, r.block_tokens)
+            if self._share_s is not None:
+                self._news.append((r.arrival_s + self._share_s, replica, first.backend, r.blocks, r.block_tokens))
         return next(v for v in views if v.name == first.backend)
 
     def finished(self, job: Job, view: BackendView) -> None:
@@ -244,10 +267,15 @@ class Enginegate:
             self._index(replica, view).reported(job.ages, job.cached_tokens, job.request.block_tokens)
 
 
+SHARE_DELAY_S = 0.005
+"""How late a replica hears of another's send through Redis pub/sub (a round trip on one network)."""
+
+
 def all_policies(rules: Rules, models: dict[str, ModelSpec], seed: int) -> list[Policy]:
     from routing.sim.peers import strong_peers
 
     return [
         RoundRobin(), Random(seed), LeastBusy(seed), LowestLatency(seed), StaticTable(),
         *strong_peers(seed), Enginegate(rules, models), Enginegate(rules, models, replicas=2, seed=seed),
+        Enginegate(rules, models, replicas=2, seed=seed, share_s=SHARE_DELAY_S),
     ]  # fmt: skip

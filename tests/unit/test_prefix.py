@@ -258,3 +258,23 @@ def test_the_block_size_comes_from_the_config() -> None:
     assert len(small.prefix_blocks) >= 4 * len(default.prefix_blocks)
     assert small.block_tokens == pytest.approx(default.block_tokens / 4)
     assert small.preamble_blocks >= 4 * default.preamble_blocks > 0
+
+
+def test_a_replica_learns_what_the_others_sent_and_skips_its_own_and_malformed_news() -> None:
+    import orjson
+
+    from gateway.prefix_share import PrefixShare
+
+    learned: list[tuple[str, tuple[int, ...], float]] = []
+    counts: dict[str, int] = {}
+
+    def count(direction: str, prompts: int) -> None:
+        counts[direction] = counts.get(direction, 0) + prompts
+
+    share = PrefixShare("redis://unused", lambda b, k, t: learned.append((b, tuple(k), t)), count=count)
+    share.apply(orjson.dumps({"s": "other", "m": [["x", 64.0, [1, 2, 3]], ["y", 60, [4]]]}))
+    share.apply(orjson.dumps({"s": share.sender, "m": [["x", 64.0, [9]]]}))  # its own: already known
+    for bad in (b"not json", b'{"s": "other"}', orjson.dumps({"s": "o", "m": [["x", 64, ["k"]]]})):
+        share.apply(bad)
+    assert learned == [("x", (1, 2, 3), 64.0), ("y", (4,), 60.0)]
+    assert counts == {"received": 2, "malformed": 3}
