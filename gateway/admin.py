@@ -13,7 +13,8 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,7 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from backends.base import GenerationRequest
 from gateway.errors import ApiError, bad_request
+from gateway.openai_api import prompt_texts
 from gateway.state import AppState
 from gateway.supervisor import SUPERVISOR_ENV
 from gateway.tenancy.gate import Tenancy
@@ -29,8 +32,15 @@ from gateway.tenancy.guard import AdminGuard
 from gateway.tenancy.manage import BadKeySpec, create, revoke, summarize, update, validate
 from gateway.tenancy.pricing import day_of
 from routing.explain import to_dict
+from routing.features import features as prompt_features
 from routing.policy import choose
-from routing.types import RequestFeatures
+from routing.types import FleetSnapshot, RequestFeatures
+
+
+class ExplainMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str
 
 
 class ExplainBody(BaseModel):
@@ -50,6 +60,11 @@ class ExplainBody(BaseModel):
     """Capabilities the request would use (tools, json_schema, logprobs, images...)."""
     extras: list[str] = []
     """Request fields outside OpenAI's spec it would carry (top_k, min_p...)."""
+    messages: list[ExplainMessage] | None = None
+    """A chat, as a request would send it: its prompt tokens (counted with the model's tokenizer
+    where the gateway has it) and the cached tokens each backend is expected to hold for it."""
+    prompt: str | None = None
+    """A completion prompt, likewise."""
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -96,6 +111,8 @@ def routes(state: AppState) -> list[Route]:
             body = ExplainBody.model_validate(orjson.loads(await request.body()))
         except (orjson.JSONDecodeError, ValidationError) as exc:
             raise bad_request(f"Invalid explain request: {exc}") from None
+        if body.messages is not None and body.prompt is not None:
+            raise bad_request("Give messages or prompt, not both.", "messages")
         features = RequestFeatures(
             model=body.model,
             prompt_tokens=body.prompt_tokens,
@@ -110,7 +127,28 @@ def routes(state: AppState) -> list[Route]:
             needs=frozenset(body.needs),
             extras=frozenset(body.extras),
         )
-        return _json(to_dict(choose(features, state.fleet.snapshot(), state.runtime.rules), features))
+        snapshot = state.fleet.snapshot()
+        if body.messages is not None or body.prompt is not None:
+            features = await _with_prompt(features, body, snapshot)
+        return _json(to_dict(choose(features, snapshot, state.runtime.rules), features))
+
+    async def _with_prompt(features: RequestFeatures, body: ExplainBody, snapshot: FleetSnapshot) -> RequestFeatures:
+        """The prompt's own features, as ``/v1/chat/completions`` computes them: its tokens, blocks and
+        (where engines publish what they hold) token ids."""
+        rt = state.runtime
+        messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+        gen = GenerationRequest("explain", body.model, messages=messages, prompt=body.prompt)
+        counter = rt.counters.get(body.model)
+        ids = await counter.measure_tokens(gen) if counter is not None else None
+        own = prompt_features(
+            body.model, prompt_texts(gen), body.max_tokens, False, {}, len(ids) if ids is not None else None,
+            roles=[m["role"] for m in messages] if messages is not None else None, block_bytes=rt.block_bytes,
+            token_ids=ids if ids is not None and any(b.exact is not None for b in snapshot.backends) else (),
+        )  # fmt: skip
+        return replace(
+            features, prompt_tokens=own.prompt_tokens, prefix_hash=own.prefix_hash, prefix_blocks=own.prefix_blocks,
+            block_tokens=own.block_tokens, preamble_blocks=own.preamble_blocks, token_ids=own.token_ids,
+        )  # fmt: skip
 
     async def fleet(request: Request) -> Response:
         doc = {

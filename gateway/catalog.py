@@ -71,6 +71,10 @@ class PromptCounter:
 
     def count(self, request: GenerationRequest) -> int:
         """Blocking: cheap for small prompts, ~1.5 ms per kB of text beyond."""
+        return len(self.tokens(request))
+
+    def tokens(self, request: GenerationRequest) -> list[int]:
+        """The prompt's token ids as the engine will see them (blocking, as ``count``)."""
         if request.messages is None:
             text = request.prompt or ""
         else:  # rendered as the engines that take text render it: the tools are part of the prompt
@@ -78,22 +82,28 @@ class PromptCounter:
             # Image parts are not text a template renders (engines that take them count them their way).
             messages = [text_only(m) if isinstance(m.get("content"), list) else m for m in request.messages]
             text = self._chat.render(messages, list(tools) if tools else None)
-        return len(encode(self._tokenizer, text).ids)
+        ids: list[int] = encode(self._tokenizer, text).ids
+        return ids
 
     async def measure(self, request: GenerationRequest) -> int | None:
-        """The exact count, or None where the estimate must do: a prompt too big to count exactly, or
+        """The exact count, or None where the estimate must do (``measure_tokens``)."""
+        ids = await self.measure_tokens(request)
+        return None if ids is None else len(ids)
+
+    async def measure_tokens(self, request: GenerationRequest) -> list[int] | None:
+        """The token ids, or None where the estimate must do: a prompt too big to count exactly, or
         one arriving while ``MAX_THREADED_COUNTS`` big ones are being counted already. Small prompts
         are counted inline, bigger ones in a thread: the event loop never tokenizes a big prompt."""
         size = prompt_chars(request)
         if size <= INLINE_PROMPT_CHARS:
-            return self.count(request)
+            return self.tokens(request)
         if size > MAX_EXACT_PROMPT_CHARS or self._threads >= MAX_THREADED_COUNTS:
             return None
         loop = asyncio.get_running_loop()
 
-        def work() -> int:
+        def work() -> list[int]:
             try:
-                return self.count(request)
+                return self.tokens(request)
             finally:  # when the thread is done, not when a cancelled request stops waiting for it
                 loop.call_soon_threadsafe(self._finished)
 

@@ -137,7 +137,8 @@ async def _serve(
         gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
     try:
         counter = rt.counters.get(gen.model)
-        exact = await counter.measure(gen) if counter is not None else None
+        ids = await counter.measure_tokens(gen) if counter is not None else None
+        exact = len(ids) if ids is not None else None
         stream = asked.stream
         feats = features(
             gen.model,
@@ -152,6 +153,8 @@ async def _serve(
             roles=[m.get("role", "") for m in gen.messages] if gen.messages is not None else None,
             top_logprobs=gen.top_logprobs,
             block_bytes=rt.block_bytes,
+            # Matched against what engines publishing their KV-cache events hold (vLLM's precise mode).
+            token_ids=ids if ids is not None and any(b.exact is not None for b in snapshot.backends) else (),
         )
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None

@@ -8,6 +8,7 @@ files exist, and raises ``ConfigError`` listing every problem as
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
@@ -214,8 +215,23 @@ class _HttpEngine(_Placement):
         return self
 
 
+class KvEventsConfig(_Strict):
+    """Where a vLLM publishes its KV-cache events (``--kv-events-config``, publisher ``zmq``)."""
+
+    endpoint: Annotated[str, Field(pattern=r"^tcp://[^\s/]+:\d+$")]
+    """vLLM's ``endpoint`` as this gateway reaches it: ``tcp://host:port`` (vLLM binds ``tcp://*:port``)."""
+    replay_endpoint: Annotated[str, Field(pattern=r"^tcp://[^\s/]+:\d+$")] | None = None
+    """vLLM's ``replay_endpoint``: events missed in a gap are asked again there (else the index restarts)."""
+    topic: str = ""
+    """vLLM's ``topic`` (its default is empty)."""
+
+
 class VLLMConfig(_HttpEngine):
     engine: Literal["vllm"]
+    kv_events: KvEventsConfig | None = None
+    """Precise prefix routing: the gateway subscribes to the engine's KV-cache events and knows which
+    prompt blocks it holds (needs ``pip install enginegate[kv-events]`` and the model's tokenizer,
+    ``models[].gguf``, to match prompts; without them the gateway's own estimate is used)."""
 
 
 class TrtllmServeConfig(_HttpEngine):
@@ -428,11 +444,18 @@ class GatewayConfig(_Strict):
         for engine in self.engine_efficiency:
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")
+        for i, b in enumerate(self.backends):
+            if getattr(b, "kv_events", None) is not None and not _kv_events_installed():
+                errors.append(f"backends[{i}].kv_events: needs pyzmq and msgspec (pip install 'enginegate[kv-events]')")
         if self.routing.prefix.share and not self.redis.url:
             errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
         if errors:
             raise ValueError("; ".join(errors))
         return self
+
+
+def _kv_events_installed() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("zmq", "msgspec"))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from backends.base import Backend, Health, Load
 from backends.capabilities import PLAIN, Capabilities, capabilities_of
@@ -24,9 +25,13 @@ from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
 from gateway.prefix_share import PrefixShare
 from routing.estimator import kv_capacity_tokens, observe, typical_output
+from routing.kv_exact import ExactIndex
 from routing.load import current as current_load
 from routing.prefix import PrefixIndex
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed, RequestFeatures
+
+if TYPE_CHECKING:
+    from gateway.kv_events import KvEventSubscriber
 
 log = logging.getLogger("enginegate.fleet")
 
@@ -56,6 +61,10 @@ class Entry:
     capabilities: Capabilities = PLAIN
     """What the backend honours (adapter, config and model entry together): routing reads its
     ``features`` from the profile; dispatch reads how to shape the answer (``n``, tools in text)."""
+    exact: ExactIndex | None = None
+    """What the engine holds, from its KV-cache events (``backends[].kv_events``, vLLM)."""
+    events: KvEventSubscriber | None = None
+    events_task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.breaker.name = self.config.name
@@ -119,9 +128,16 @@ class Fleet:
     def backends(self) -> dict[str, Backend]:
         return {name: e.backend for name, e in self.entries.items()}
 
+    @property
+    def event_streams(self) -> dict[str, KvEventSubscriber]:
+        return {name: e.events for name, e in self.entries.items() if e.events is not None}
+
     def replace(self, entries: dict[str, Entry], models: dict[str, ModelSpec], retired: Iterable[Entry]) -> None:
         """Swap in a new set of entries; retired backends close once their requests are done."""
         self.entries, self.models = entries, models
+        if self._task is not None:  # started: the new entries' event streams too
+            for entry in entries.values():
+                self._listen(entry)
         for entry in retired:
             task = asyncio.create_task(self._retire(entry))
             self._retiring.add(task)
@@ -129,6 +145,7 @@ class Fleet:
 
     async def _retire(self, entry: Entry, patience_s: float = 600.0) -> None:
         """Close a replaced backend (its connection pool) once its last request has ended."""
+        await self._unlisten(entry)
         if entry.in_flight > 0:
             entry.drained = asyncio.Event()
             try:
@@ -180,6 +197,7 @@ class Fleet:
                     observed=e.observed,
                     engine_slots=e.engine_slots,
                     prefix=e.prefix,
+                    exact=e.exact if e.exact is not None and e.exact.synced else None,
                 )
             )
         return FleetSnapshot(tuple(states), self.models)
@@ -278,9 +296,32 @@ class Fleet:
             await asyncio.sleep(self._interval)
             await self.poll_once()
 
+    def _listen(self, entry: Entry) -> None:
+        """Subscribe to the engine's KV-cache events, once per entry (``backends[].kv_events``)."""
+        events = getattr(entry.config, "kv_events", None)
+        if events is None or entry.events_task is not None:
+            return
+        from gateway.kv_events import KvEventSubscriber  # pyzmq and msgspec: checked with the config
+
+        entry.exact = ExactIndex()
+        entry.events = KvEventSubscriber(
+            events.endpoint, entry.exact, topic=events.topic, replay_endpoint=events.replay_endpoint
+        )
+        entry.events_task = asyncio.create_task(entry.events.run(), name=f"kv-events-{entry.name}")
+
+    async def _unlisten(self, entry: Entry) -> None:
+        if entry.events_task is not None:
+            entry.events_task.cancel()
+            await asyncio.gather(entry.events_task, return_exceptions=True)
+        if entry.events is not None:
+            await entry.events.aclose()
+        entry.events_task = entry.events = None
+
     async def start(self) -> None:
         await self.poll_once()
         self._task = asyncio.create_task(self._poll_forever(), name="fleet-poller")
+        for entry in self.entries.values():
+            self._listen(entry)
         if self.share is not None:
             await self.share.start()
 
@@ -291,4 +332,5 @@ class Fleet:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.gather(*self._retiring, return_exceptions=True)
+        await asyncio.gather(*(self._unlisten(e) for e in self.entries.values()), return_exceptions=True)
         await asyncio.gather(*(e.backend.aclose() for e in self.entries.values()), return_exceptions=True)

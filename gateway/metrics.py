@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sized
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
@@ -46,6 +46,18 @@ class _Children:
         return child
 
 
+class EventStream(Protocol):
+    """An engine's KV-cache event stream as metrics read it (``gateway.kv_events.KvEventSubscriber``)."""
+
+    received: int
+    gaps: int
+    malformed: int
+    disconnects: int
+
+    @property
+    def index(self) -> Sized: ...
+
+
 class _FleetGauges:
     """Backend health, breaker and load as routing sees them, and the tokens in-process engines
     generated, written from the fleet when scraped and after every poll.
@@ -59,9 +71,11 @@ class _FleetGauges:
         registry: CollectorRegistry,
         backends: Callable[[], Mapping[str, Backend]],
         snapshot: Callable[[], FleetSnapshot],
+        event_streams: Callable[[], Mapping[str, EventStream]] = dict,
     ) -> None:
         self._backends = backends
         self._snapshot = snapshot
+        self._streams = event_streams
         r = registry
 
         def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
@@ -93,8 +107,18 @@ class _FleetGauges:
             "enginegate_event_loop_tasks", "Asyncio tasks alive in the worker's event loop (a leak shows here).",
             registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
+        self.kv_events = Counter(
+            "enginegate_kv_events",
+            "KV-cache event batches from engines publishing them (backends[].kv_events): received, gaps in "
+            "their sequence, malformed, disconnects (each restarts the backend's exact index).",
+            ["backend", "outcome"], registry=r,
+        )  # fmt: skip
+        self.kv_blocks = gauge(
+            "enginegate_kv_index_blocks", "Blocks an engine's KV-cache events say it holds.", ["backend"]
+        )
         self._counted: dict[str, int] = {}
         self._resent: dict[str, int] = {}
+        self._events_seen: dict[tuple[str, str], int] = {}
         self._shown: set[str] = set()
 
     def refresh(self) -> None:
@@ -123,6 +147,14 @@ class _FleetGauges:
                 seen = self._resent.get(name, 0) if total >= self._resent.get(name, 0) else 0
                 self.resends.labels(name).inc(total - seen)
                 self._resent[name] = total
+        for name, stream in self._streams().items():
+            for outcome in ("received", "gaps", "malformed", "disconnects"):
+                total = getattr(stream, outcome)
+                seen = self._events_seen.get((name, outcome), 0)
+                seen = seen if total >= seen else 0  # a new subscriber (reload) starts from zero
+                self.kv_events.labels(name, outcome).inc(total - seen)
+                self._events_seen[(name, outcome)] = total
+            self.kv_blocks.labels(name).set(len(stream.index))
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to count
             self.tasks.set(len(asyncio.all_tasks()))
 
@@ -142,6 +174,7 @@ class Metrics:
         snapshot: Callable[[], FleetSnapshot],
         models: Iterable[str],
         multiprocess_dir: str | None = None,
+        event_streams: Callable[[], Mapping[str, EventStream]] = dict,
     ) -> None:
         """``multiprocess_dir``: prometheus-client's shared directory when several worker processes
         serve (its ``PROMETHEUS_MULTIPROC_DIR``, which must be set before prometheus_client is
@@ -220,7 +253,7 @@ class Metrics:
             "(received), could not tell (dropped: Redis slow or away) or could not read (malformed).",
             ["direction"], registry=r,
         ))  # fmt: skip
-        self.fleet = _FleetGauges(r, backends, snapshot)
+        self.fleet = _FleetGauges(r, backends, snapshot, event_streams)
 
     def model(self, name: str) -> str:
         return name if name in self._models else OTHER_MODEL

@@ -65,6 +65,7 @@ class AppState:
             lambda: self.fleet.snapshot(),
             self.runtime.model_names,
             multiprocess_dir=os.environ.get(MULTIPROCESS_ENV) or None,
+            event_streams=lambda: self.fleet.event_streams,
         )
         self.fleet.after_poll = self.metrics.fleet.refresh
         if cfg.routing.prefix.share and cfg.redis.url:  # read at start, as the limits' Redis is

@@ -76,6 +76,7 @@ def features(
     roles: Sequence[str] | None = None,
     top_logprobs: int = 0,
     block_bytes: int = prefix.BLOCK_BYTES,
+    token_ids: Sequence[int] = (),
 ) -> RequestFeatures:
     """``prompt_tokens``: the exact count when the model's tokenizer is known; else estimated from the text.
     ``roles``: the chat messages' roles (None for a completion prompt), which mark the conversation's
@@ -104,4 +105,5 @@ def features(
         needs=needs,
         extras=extras,
         top_logprobs=top_logprobs,
+        token_ids=token_ids,
     )

@@ -121,6 +121,17 @@ def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures
     return min(alive, key=lambda s: (_busy(s), -_share(f.prefix_hash, s.name))).name
 
 
+def _held(state: BackendState, f: RequestFeatures) -> tuple[int, int]:
+    """(blocks, tokens) of the prompt's leading blocks the backend is expected to hold: exactly,
+    from its KV-cache events, where it sends them and the prompt's token ids are known; else from
+    the gateway's own account of what it sent there."""
+    if state.exact is not None and f.token_ids:
+        tokens = state.exact.cached_tokens(f.token_ids)
+        return (min(len(f.prefix_blocks), int(tokens / f.block_tokens)) if f.block_tokens > 0 else 0), tokens
+    blocks = state.prefix.match(f.prefix_blocks) if state.prefix is not None else 0
+    return blocks, int(blocks * f.block_tokens)
+
+
 def _busy(state: BackendState) -> float:
     return (state.running + state.waiting) / max(1, state.profile.max_concurrency)
 
@@ -227,10 +238,9 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
         return Decision(reason, excluded=excluded, rule=name, max_attempts=max_attempts)
 
-    matched = {s.name: s.prefix.match(f.prefix_blocks) if s.prefix is not None else 0 for s in alive}
-    predictions = {
-        s.name: predict(model, s, f.prompt_tokens, out, int(matched[s.name] * f.block_tokens)) for s in alive
-    }
+    held = {s.name: _held(s, f) for s in alive}
+    matched = {name: blocks for name, (blocks, _) in held.items()}
+    predictions = {s.name: predict(model, s, f.prompt_tokens, out, held[s.name][1]) for s in alive}
     limit = rules.max_queue_wait_ms * priority_factor(f.priority)
     full = {s.name: predictions[s.name].queue_ms for s in alive if predictions[s.name].queue_ms > limit}
     if full:
@@ -248,8 +258,8 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     cheapest = min(cost.values())
     affine = _home(alive, matched, f)
     ratios = {s.name: _budget_ratio(predictions[s.name], f) for s in alive}
-    held = matched[affine] > f.preamble_blocks
-    if held and (ratio := ratios[affine]) is not None:
+    history = matched[affine] > f.preamble_blocks
+    if history and (ratio := ratios[affine]) is not None:
         ratios[affine] = ratio / HOME_SLACK  # the conversation's history is there: see HOME_SLACK
     closest_miss = min((r for r in ratios.values() if r is not None and r > 1), default=1.0)
     # Load relative to the least loaded candidate, by each backend's share of its slots in use: it
@@ -271,7 +281,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         }
         score = (w.budget * terms["budget"] + w.cost * terms["cost"] + w.load * terms["load"]) / total
         score += w.affinity * terms["affinity"] / total
-        meets = _meets(p, f) or (held and s.name == affine and (ratios[s.name] or 0.0) <= 1)
+        meets = _meets(p, f) or (history and s.name == affine and (ratios[s.name] or 0.0) <= 1)
         candidates.append(Candidate(s.name, round(score, 6), p, meets, terms))
 
     states = {s.name: s for s in alive}

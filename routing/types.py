@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from routing.catalog import EngineEfficiency, GpuSpec
 
 if TYPE_CHECKING:
+    from routing.kv_exact import ExactIndex
     from routing.prefix import PrefixIndex
 
 
@@ -51,6 +53,9 @@ class RequestFeatures:
     """Fields outside OpenAI's spec the request carries: only backends that understand them serve it."""
     top_logprobs: int = 0
     """Alternatives asked per token: only backends that give that many serve it."""
+    token_ids: Sequence[int] = ()
+    """The rendered prompt's token ids, when the gateway tokenized it (the model's tokenizer is at
+    hand) and some backend tells exactly what it holds (``exact``): matched against that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,9 @@ class BackendState:
     lower than the configured concurrency: queueing starts there."""
     prefix: PrefixIndex | None = field(default=None, compare=False)
     """The blocks this gateway expects the engine to hold (read only by routing)."""
+    exact: ExactIndex | None = field(default=None, compare=False)
+    """What the engine holds, exactly, from its own KV-cache events (vLLM), when in sync: it
+    replaces ``prefix`` for requests whose token ids are known."""
 
     @property
     def name(self) -> str:

@@ -56,9 +56,10 @@ def _process(cmd: list[str], log: Path, base: str, health: str, timeout: float, 
 
 
 @contextmanager
-def vllm_server(workdir: Path) -> Iterator[str]:
+def vllm_server(workdir: Path, *extra: str) -> Iterator[str]:
     """vLLM's OpenAI server on the demo model, exported to HF format with heads padded to 32
-    (vLLM's CPU attention has no kernel for the demo model's 16-dimension heads)."""
+    (vLLM's CPU attention has no kernel for the demo model's 16-dimension heads); ``extra``
+    command-line arguments after those."""
     _require(VLLM_PYTHON, "tools/install_vllm.sh .venv-vllm")
     model_dir = export(DEMO_GGUF, workdir / "hf-demo", head_dim=32)
     port = free_port()
@@ -69,7 +70,7 @@ def vllm_server(workdir: Path) -> Iterator[str]:
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",  # the demo model's <tool_call> answers
         "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
         # JSON without free whitespace between tokens: a tiny model loops on "any whitespace" otherwise.
-        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}', *extra,
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     with _process(cmd, workdir / "vllm.log", f"http://127.0.0.1:{port}", "/health", 600, env) as base:
