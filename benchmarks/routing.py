@@ -158,7 +158,9 @@ def main() -> None:
         "the engines found in their prefix caches. `busy GPU $`: price of the time backends were working (what "
         "a fleet that scales idle capacity away pays); `fleet $`: price of keeping the whole fleet up for the "
         "arrival window, the same for every policy. `static` is a strawman (a hand-written engine table). "
-        "`enginegate_2x`: two gateway replicas, requests split at random, each with its own prefix index.",
+        "`enginegate_2x`: two gateway replicas, requests split at random, each with its own prefix index; "
+        "`enginegate_2x_shared`: the same sharing where they sent each prompt (`routing.prefix.share`, heard 5 ms "
+        "later).",
     ]
     behind: list[str] = []
     for fleet_name, (fleet, shares) in fleets.items():
