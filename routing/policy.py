@@ -42,6 +42,9 @@ SAFE_RATIO = 0.5
 """A prediction at most this share of the budget meets it safely, whatever the estimate's error."""
 
 
+HOME_BOUND = 1.1
+"""Among equally busy backends, a new conversation's home holds at most this multiple of their mean
+expected cache."""
 HOME_SLACK = 2.0
 """The backend holding a conversation's own history counts as meeting its budget while predicted
 within this multiple of it. Leaving costs the fleet the whole history's prefill on a cold backend,
@@ -102,8 +105,8 @@ def lacking(state: BackendState, f: RequestFeatures) -> list[str]:
 def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures) -> str:
     """Where this conversation belongs: the backend holding most of its own blocks (beyond the
     preamble, its system prompt, that many conversations share), else, for a new conversation, the
-    least busy backend by its share of slots in use, ties broken by the rendezvous order of the
-    opening (system prompt and first user message), which every gateway replica computes alike.
+    least busy backend by its share of slots in use, ties broken by rendezvous with bounded loads on
+    the opening (system prompt and first user message), which every gateway replica computes alike.
 
     A new conversation's first turn decides where all its turns will find their history, so
     placing it by load is what keeps the fleet even; a rendezvous home bounded by the cache each
@@ -118,7 +121,18 @@ def _home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures
         # failover sent it (the predictions still move it when the difference costs real time).
         least = beyond - beyond // 4
         alive = [s for s in alive if matched[s.name] - f.preamble_blocks >= least]
-    return min(alive, key=lambda s: (_busy(s), -_share(f.prefix_hash, s.name))).name
+    if beyond <= 0:  # a new conversation: the least busy backends only
+        idlest = min(_busy(s) for s in alive)
+        alive = [s for s in alive if _busy(s) <= idlest]
+    # Rendezvous with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018) among equals: the
+    # opening's rendezvous order, skipping backends whose expected cache holds more than
+    # ``HOME_BOUND`` times the candidates' mean, so conversations spread evenly over an idle fleet
+    # however the hash falls (a conversation per slot: more on one engine than it has slots evicts
+    # them in turn), and every replica agrees while loads are even.
+    ranked = sorted(alive, key=lambda s: -_share(f.prefix_hash, s.name))
+    tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]
+    bound = HOME_BOUND * sum(tokens) / len(tokens)
+    return next((s.name for s, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0].name)
 
 
 def _held(state: BackendState, f: RequestFeatures) -> tuple[int, int]:
