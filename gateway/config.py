@@ -231,7 +231,7 @@ class VLLMConfig(_HttpEngine):
     kv_events: KvEventsConfig | None = None
     """Precise prefix routing: the gateway subscribes to the engine's KV-cache events and knows which
     prompt blocks it holds (needs ``pip install enginegate[kv-events]`` and the model's tokenizer,
-    ``models[].gguf``, to match prompts; without them the gateway's own estimate is used)."""
+    ``models[].gguf``, to match prompts: the config is refused without either)."""
 
 
 class TrtllmServeConfig(_HttpEngine):
@@ -445,8 +445,15 @@ class GatewayConfig(_Strict):
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")
         for i, b in enumerate(self.backends):
-            if getattr(b, "kv_events", None) is not None and not _kv_events_installed():
+            if getattr(b, "kv_events", None) is None:
+                continue
+            if not _kv_events_installed():
                 errors.append(f"backends[{i}].kv_events: needs pyzmq and msgspec (pip install 'enginegate[kv-events]')")
+            if b.model in models and models[b.model].gguf is None:
+                errors.append(
+                    f"backends[{i}].kv_events: model {b.model!r} has no gguf: the gateway needs its tokenizer "
+                    "to match prompts against the engine's token blocks"
+                )
         if self.routing.prefix.share and not self.redis.url:
             errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
         if errors:

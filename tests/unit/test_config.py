@@ -103,3 +103,12 @@ def test_the_configured_block_size_reaches_the_request_path(tmp_path: Path) -> N
     path = write_config(tmp_path / "f.yaml", GOOD + "routing: {prefix: {block_tokens: 16}}\n")
     assert Runtime.of(load_config(path)).block_bytes == 64
     assert Runtime.of(load_config(write_config(tmp_path / "g.yaml", GOOD))).block_bytes == 256
+
+
+def test_kv_events_need_the_model_tokenizer() -> None:
+    text = """
+models: [{name: m, params_b: 8}]
+backends: [{name: v, engine: vllm, url: "http://v:8000", model: m, kv_events: {endpoint: "tcp://v:5557"}}]
+"""
+    assert any("backends[0].kv_events: model 'm' has no gguf" in p for p in problems(text))
+    assert any("kv_events.endpoint" in p for p in problems(text.replace("tcp://v:5557", "http://v")))
