@@ -29,7 +29,7 @@ def test_a_burst_on_a_busy_engine_is_shed_with_retry_after_never_a_late_504(tmp_
             tmp_path / "burst.yaml",
             f"""
 limits: {{health_interval_s: 0.3}}
-routing: {{first_token_timeout_s: 60, max_queue_wait_s: 2}}
+routing: {{first_token_timeout_s: 60, max_queue_wait_s: 3}}
 models: [{{name: enginegate-demo, gguf: "{{GGUF}}"}}]
 backends: [{{name: tgi4, engine: tgi, url: "{url}", model: enginegate-demo}}]
 """,
@@ -62,7 +62,9 @@ backends: [{{name: tgi4, engine: tgi, url: "{url}", model: enginegate-demo}}]
     for results in (cold, warm):
         statuses = Counter(status for status, _, _ in results)
         assert set(statuses) <= {200, 429, 503}, statuses
-        # 4 at a time, about 1 s each, 2 s of admitted waiting: some 8 to 20 are answered, not a handful.
+        # 4 at a time, about 1 s each, 3 s of admitted waiting: some 8 to 20 are answered, not a handful.
+        # (With 2 s, a full-suite run once answered only 4: the fake engine generates in this process,
+        # beside 80 client threads, and a second slower than nominal left no room for a second round.)
         assert statuses[200] >= 8 and statuses[429] + statuses[503] > 0, statuses
         shed = [(took, retry) for status, took, retry in results if status in (429, 503)]
         assert all(retry is not None and int(retry) >= 1 for _, retry in shed)
