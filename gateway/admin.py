@@ -138,12 +138,11 @@ def routes(state: AppState) -> list[Route]:
         rt = state.runtime
         messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
         gen = GenerationRequest("explain", body.model, messages=messages, prompt=body.prompt)
-        counter = rt.counters.get(body.model)
-        ids = await counter.measure_tokens(gen) if counter is not None else None
+        exact, token_ids = await rt.measure(gen, snapshot)
         own = prompt_features(
-            body.model, prompt_texts(gen), body.max_tokens, False, {}, len(ids) if ids is not None else None,
+            body.model, prompt_texts(gen), body.max_tokens, False, {}, exact,
             roles=[m["role"] for m in messages] if messages is not None else None, block_bytes=rt.block_bytes,
-            token_ids=ids if ids is not None and any(b.exact is not None for b in snapshot.backends) else (),
+            token_ids=token_ids,
         )  # fmt: skip
         return replace(
             features, prompt_tokens=own.prompt_tokens, prefix_hash=own.prefix_hash, prefix_blocks=own.prefix_blocks,

@@ -136,9 +136,7 @@ async def _serve(
     if (wanted or extras) and rt.config.routing.drop_unsupported:
         gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
     try:
-        counter = rt.counters.get(gen.model)
-        ids = await counter.measure_tokens(gen) if counter is not None else None
-        exact = len(ids) if ids is not None else None
+        exact, token_ids = await rt.measure(gen, snapshot)
         stream = asked.stream
         feats = features(
             gen.model,
@@ -153,8 +151,7 @@ async def _serve(
             roles=[m.get("role", "") for m in gen.messages] if gen.messages is not None else None,
             top_logprobs=gen.top_logprobs,
             block_bytes=rt.block_bytes,
-            # Matched against what engines publishing their KV-cache events hold (vLLM's precise mode).
-            token_ids=ids if ids is not None and any(b.exact is not None for b in snapshot.backends) else (),
+            token_ids=token_ids,
         )
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None

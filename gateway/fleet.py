@@ -217,7 +217,7 @@ class Fleet:
         """The prompt of ``features`` goes to ``entry``: its blocks join what the engine is expected to
         hold. Returns the ages of the ``cached_blocks`` blocks routing expected there (to judge the
         engine's report with)."""
-        index = self._index(entry, features.model)
+        index = self._index(entry)
         ages = index.ages(features.prefix_blocks, cached_blocks)
         index.add(features.prefix_blocks, features.block_tokens)
         if self.share is not None:
@@ -228,11 +228,12 @@ class Fleet:
         """Another replica sent a prompt of ``keys`` to ``backend``: the engine holds its blocks now."""
         entry = self.entries.get(backend)
         if entry is not None:
-            self._index(entry, next(iter(entry.profile.models), "")).add(keys, block_tokens)
+            self._index(entry).add(keys, block_tokens)
 
-    def _index(self, entry: Entry, model_name: str) -> PrefixIndex:
+    def _index(self, entry: Entry) -> PrefixIndex:
+        """The entry's prefix index, made with its first prompt, sized by its model's KV capacity."""
         if entry.prefix is None:
-            model = self.models.get(model_name)
+            model = self.models.get(entry.config.model)
             entry.prefix = PrefixIndex(kv_capacity_tokens(model, entry.profile) if model else 0.0)
         return entry.prefix
 

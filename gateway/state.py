@@ -13,9 +13,11 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
 from gateway.catalog import PromptCounter, prompt_counters
 from gateway.catalog import rules as build_rules
@@ -26,7 +28,7 @@ from gateway.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.prefix_share import PrefixShare
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
-from routing.types import Rules
+from routing.types import FleetSnapshot, Rules
 
 log = logging.getLogger("enginegate.config")
 
@@ -46,6 +48,16 @@ class Runtime:
     def block_bytes(self) -> int:
         """Bytes of prompt text per prefix block (``routing.prefix.block_tokens``)."""
         return self.loaded.config.routing.prefix.block_tokens * CHARS_PER_TOKEN
+
+    async def measure(self, gen: GenerationRequest, snapshot: FleetSnapshot) -> tuple[int | None, Sequence[int]]:
+        """(the prompt's exact token count, None where it is estimated; its token ids when some backend
+        tells exactly what it holds, as vLLM's KV-cache events do, else nothing): what routing needs
+        of a prompt the model's tokenizer can count."""
+        counter = self.counters.get(gen.model)
+        ids = await counter.measure_tokens(gen) if counter is not None else None
+        if ids is None:
+            return None, ()
+        return len(ids), ids if any(b.exact is not None for b in snapshot.backends) else ()
 
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:
