@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 # How often a waiting token loop checks whether CTranslate2's job ended without a last step (it failed).
 _POLL_S = 0.1
+_SEEDING = threading.Lock()
+"""Held from setting CTranslate2's seed until a fresh generator's thread has sampled with it. The seed is
+process-wide (``ctranslate2.set_random_seed``), so the lock is too: with one lock per backend, two
+CTranslate2 backends in one process could each set the seed the other's fresh thread then read."""
 
 
 def steps(
@@ -109,8 +113,6 @@ class CTranslate2Backend(InProcessEngine):
         self._threads = threads
         self._generator = self._new_generator()
         self._tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
-        self._seeding = threading.Lock()
-        """Held from setting the process-wide seed until a fresh generator's thread has sampled with it."""
 
     def _new_generator(self) -> ctranslate2.Generator:
         import ctranslate2
@@ -185,7 +187,7 @@ class CTranslate2Backend(InProcessEngine):
         """Steps of a fresh generator whose sampling thread is seeded with ``seed`` (worker thread)."""
         import ctranslate2
 
-        with self._seeding:
+        with _SEEDING:
             ctranslate2.set_random_seed(seed)
             run = steps(self._new_generator(), prompt, options, cancelled)
             first = next(run, None)  # the fresh thread's first sample seeds its random generator

@@ -252,7 +252,10 @@ class LlamaCppBackend(InProcessEngine):
             return None
         try:
             return await asyncio.to_thread(self._grammar, request)
-        except Exception as exc:  # the converter reports what it cannot follow with assertions
+        # llama-cpp-python's schema converter reports what it cannot follow with assertions and
+        # ValueErrors (unsupported refs, patterns, types), a schema nested past Python's stack with
+        # RecursionError; anything else is a gateway bug, logged with its traceback by dispatch.
+        except (AssertionError, ValueError, RecursionError) as exc:
             param = "tool_choice" if request.tools and forced else "response_format"
             raise BackendError(
                 ErrorKind.BAD_REQUEST, f"{self.name} cannot constrain the answer to this schema: {exc}", param=param

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backends.base import Backend, Health, Load
+from backends.base import Backend, BackendError, Health, Load
 from backends.capabilities import PLAIN, Capabilities, capabilities_of
 from gateway.breaker import CircuitBreaker
 from gateway.catalog import capabilities, model_specs, profile
@@ -272,8 +272,12 @@ class Fleet:
         try:
             entry.health = await asyncio.wait_for(entry.backend.health(), self._interval)
             load = await asyncio.wait_for(entry.backend.load(), self._interval)
-        except Exception as exc:  # a failed probe is an unhealthy backend, not a crash
+        except (BackendError, OSError, TimeoutError, ValueError) as exc:  # down, slow or unreadable: unhealthy
             entry.health = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
+            load = None
+        except Exception as exc:  # a bug in a probe: unhealthy too, but with the traceback to fix it
+            log.exception("probing backend %s failed unexpectedly", entry.name, extra={"backend": entry.name})
+            entry.health = Health(ok=False, detail=f"probe failed: {type(exc).__name__}: {exc}")
             load = None
         if entry.health.ok != was:
             log.log(

@@ -136,6 +136,27 @@ def test_seeded_requests_running_together_each_keep_their_seed(make: Make) -> No
     assert [text(a) for a in together] == alone * 3
 
 
+def test_two_ctranslate2_backends_interleaving_seeded_requests_each_keep_their_seed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """CTranslate2's seed is process-wide: two backends in one process must not mix each other's seeds."""
+    cache = tmp_path_factory.getbasetemp() / "ct2-cache"
+    backends = [CTranslate2Backend(f"twin-{i}", "enginegate-demo", DEMO_GGUF, cache) for i in range(2)]
+    try:
+        alone = [text(a) for a in run(backends[0], *(req(prompt=OPEN_PROMPT, seed=s) for s in (1, 2, 3)))]
+        assert len(set(alone)) >= 2, alone
+
+        async def interleaved() -> list[list[Chunk]]:
+            jobs = [collect(backends[i % 2], req(prompt=OPEN_PROMPT, seed=1 + i % 3)) for i in range(12)]
+            return list(await asyncio.gather(*jobs))
+
+        together = [text(a) for a in asyncio.run(interleaved())]
+        assert together == [alone[i % 3] for i in range(12)]
+    finally:
+        for backend in backends:
+            backend._workers.shutdown()
+
+
 def test_a_seed_is_not_left_behind_for_unseeded_requests(make: Make) -> None:
     answers = run(
         make(), req(prompt=OPEN_PROMPT, seed=1), *(req(prompt=OPEN_PROMPT, temperature=1.5) for _ in range(4))
@@ -390,6 +411,21 @@ def test_a_schema_llama_cpp_cannot_follow_is_a_bad_request(llama: LlamaMake) -> 
         run(backend, req(messages=HELLO, response_format=fmt))
     assert info.value.kind is ErrorKind.BAD_REQUEST and info.value.param == "response_format"
     assert text(run(backend, req(messages=HELLO, temperature=0.0, max_tokens=60))[0]) == GREETING_REPLY
+
+
+def test_a_bug_in_grammar_conversion_is_not_the_clients_fault(
+    llama: LlamaMake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the converter's own complaints are a 400; anything else is the gateway's bug, not a bad request."""
+    import backends.llamacpp_engine as engine
+
+    def broken(request: GenerationRequest, tool_format: str | None = "hermes") -> str | None:
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr(engine, "grammar_text", broken)
+    fmt = {"type": "json_object"}
+    with pytest.raises(AttributeError):
+        run(llama(), req(messages=HELLO, response_format=fmt))
 
 
 def test_json_object_output_is_a_json_object(llama: LlamaMake) -> None:

@@ -160,6 +160,7 @@ def request(**kw: object) -> GenerationRequest:
     return GenerationRequest("r", "m", messages=[{"role": "user", "content": "x"}], **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.engines  # llama-cpp-python's schema converter (the `llama` extra)
 def test_grammars_only_for_what_constrains_the_answer() -> None:
     assert grammar_text(request()) is None
     assert grammar_text(request(tools=(WEATHER,))) is None  # auto: the model may answer in text
@@ -172,6 +173,7 @@ def test_grammars_only_for_what_constrains_the_answer() -> None:
     assert text is not None and "root ::=" in text and "n-kv" in text
 
 
+@pytest.mark.engines  # llama-cpp-python's schema converter (the `llama` extra)
 def test_a_forced_call_grammar_wraps_the_named_tools_schema_in_hermes_tags() -> None:
     named = grammar_text(
         request(tools=(TIME, WEATHER), tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -185,6 +187,7 @@ def test_a_forced_call_grammar_wraps_the_named_tools_schema_in_hermes_tags() -> 
     json.dumps(either)  # plain text
 
 
+@pytest.mark.engines  # llama-cpp-python's schema converter (the `llama` extra)
 def test_json_strings_exclude_raw_control_characters() -> None:
     text = grammar_text(request(response_format={"type": "json_object"}))
     assert text is not None and 'char ::= [^"\\\\\\x7F\\x00-\\x1F]' in text
@@ -220,6 +223,7 @@ def test_tools_reach_a_template_that_renders_them() -> None:
     assert "get_weather" not in engine(None).prompt_text(request(tools=(WEATHER,), tool_choice="none"))
 
 
+@pytest.mark.engines  # llama-cpp-python's schema converter (the `llama` extra)
 def test_a_forced_call_is_written_in_the_models_tool_call_format() -> None:
     forced = request(tools=(WEATHER,), tool_choice="required")
     llama3 = grammar_text(forced, "llama3_json")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from backends.base import Backend, Load
 from gateway.config import BackendConfig, LoadedConfig, load_config
@@ -115,5 +118,39 @@ def test_an_engine_that_reports_waiting_requests_shows_them_as_waiting(tmp_path:
         seen = next(b for b in state.fleet.snapshot().backends if b.name == "keep")
         assert (seen.running, seen.waiting, seen.engine_slots) == (2, 10, 2)
         await state.fleet.aclose()
+
+    asyncio.run(scenario())
+
+
+class _ProbeFails(ScriptedBackend):
+    """A backend whose load probe raises: an engine that is down, or a bug in the probe itself."""
+
+    raises: BaseException = ConnectionRefusedError("connection refused")
+
+    async def load(self) -> Load | None:
+        raise self.raises
+
+
+def test_a_probe_bug_is_unhealthy_with_its_traceback_and_a_down_engine_without(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    built: list[_ProbeFails] = []
+
+    def factory(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
+        built.append(_ProbeFails(cfg.name, cfg.model))
+        return built[-1]
+
+    async def scenario() -> None:
+        state = AppState(load_config(write_config(tmp_path / "c.yaml", CONFIG % 4)), factory)
+        keep = state.fleet.entries["keep"]
+        with caplog.at_level(logging.WARNING, logger="enginegate"):
+            await state.fleet.poll_entry(keep)  # the engine is down: expected, no traceback
+            assert not keep.health.ok and "ConnectionRefusedError" in keep.health.detail
+            assert not [r for r in caplog.records if r.exc_info]
+            built[0].raises = KeyError("gauge")  # a bug in the probe: unhealthy, and its traceback logged
+            await state.fleet.poll_entry(keep)
+        assert not keep.health.ok and "KeyError" in keep.health.detail
+        bugs = [r for r in caplog.records if r.exc_info]
+        assert len(bugs) == 1 and "keep" in bugs[0].getMessage()
 
     asyncio.run(scenario())
