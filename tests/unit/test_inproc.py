@@ -67,6 +67,7 @@ def test_full_queue_is_overloaded_and_slots_are_released() -> None:
     from collections.abc import Callable, Iterator
 
     from backends.inproc import ThreadedGeneration
+    from tests.polling import eventually
 
     gate = threading.Event()
 
@@ -83,15 +84,13 @@ def test_full_queue_is_overloaded_and_slots_are_released() -> None:
             return [c.text async for c in workers.run(request, slow_loop, 1, [b"a"], frozenset(), 1)]
 
         first = asyncio.create_task(consume())
-        await asyncio.sleep(0.05)
-        assert workers.running == 1
+        await eventually(lambda: workers.running == 1, timeout=5, message="the first request never ran")
         with pytest.raises(BackendError) as info:
             await consume()
         assert info.value.kind is ErrorKind.OVERLOADED and info.value.retryable
         gate.set()
         assert "".join(await first) == "a"
-        await asyncio.sleep(0.05)
-        assert workers.running == 0
+        await eventually(lambda: workers.running == 0, timeout=5, message="the slot was never freed")
         assert "".join(await consume()) == "a"
         workers.shutdown()
 

@@ -26,15 +26,18 @@ def sse(*texts: str, finish: str | None = None) -> bytes:
 
 def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
     async def scenario() -> list[tuple[str, bool]]:
+        # Each later write waits until the client has read what came before: separate reads, however busy.
+        read = {text: asyncio.Event() for text in ("c", "d")}
+
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
             head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
             writer.write(head + sse("a", "b", "c"))  # three events in one write
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await read["c"].wait()
             writer.write(sse("d"))
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await read["d"].wait()
             writer.write(sse(finish="stop"))
             await writer.drain()
             writer.close()
@@ -44,7 +47,12 @@ def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
         backend = VLLMBackend("v", "m", HttpSettings(url=f"http://127.0.0.1:{port}", served_model="m"))
         try:
             request = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}])
-            return [(c.text, c.more) async for c in backend.generate(request)]
+            chunks = []
+            async for c in backend.generate(request):
+                chunks.append((c.text, c.more))
+                if c.text in read:
+                    read[c.text].set()
+            return chunks
         finally:
             await backend.aclose()
             server.close()
