@@ -21,7 +21,7 @@ import orjson
 
 from backends import http_errors
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
-from backends.http_client import (
+from backends.httpclient import (
     CLOSE_HEADER,
     DEFAULT_IDLE_TIMEOUT_S,
     ConnectError,
@@ -58,7 +58,7 @@ class HttpSettings:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     """Idle connections are reused only this long: below the engine's keep-alive."""
     ssl_context: ssl.SSLContext | None = None
-    """For https engines: CA, verification, client certificate (``http_client.tls_context``);
+    """For https engines: CA, verification, client certificate (``httpclient.tls_context``);
     default: the system's CA store."""
     max_connections: int = 256
     chat_template: str | None = None

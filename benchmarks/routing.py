@@ -32,7 +32,8 @@ from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS  # noqa: E402
 from routing.sim import report  # noqa: E402
 from routing.sim.simulate import SimFleet  # noqa: E402
 from routing.sim.sweep import parse_shares, sweep  # noqa: E402
-from routing.sim.workload import TraceRow, chat_sessions, load_trace  # noqa: E402
+from routing.sim.traces import TraceRow, load_trace  # noqa: E402
+from routing.sim.workload import chat_sessions  # noqa: E402
 from routing.types import BackendProfile, ModelSpec  # noqa: E402
 
 AZURE_CONV = ROOT / "data/traces/AzureLLMInferenceTrace_conv.csv"

@@ -113,7 +113,8 @@ def _simulate(args: argparse.Namespace) -> int:
     """Replay a trace through every routing policy on the config's fleet and compare them."""
     from routing.sim import report
     from routing.sim.sweep import parse_shares, sweep
-    from routing.sim.workload import DEFAULT_MIX, load_trace, parse_mix
+    from routing.sim.traces import load_trace
+    from routing.sim.workload import DEFAULT_MIX, parse_mix
 
     loaded = _load(args.config)
     if loaded is None:

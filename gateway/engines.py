@@ -10,7 +10,7 @@ from backends.base import Backend
 from backends.capabilities import Capabilities, capabilities_of
 from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
 from backends.http_base import HttpSettings
-from backends.http_client import tls_context
+from backends.httpclient import tls_context
 from backends.llama_server import LlamaServerBackend
 from backends.tgi import TgiBackend, TgiMessagesBackend
 from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend

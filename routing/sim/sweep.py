@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from routing.sim.policies import Policy, all_policies
 from routing.sim.report import Point
 from routing.sim.simulate import SimFleet, assign_models, capacity_rps, simulate
-from routing.sim.workload import DEFAULT_MIX, BudgetMix, TraceRow, build_workload, ideal_reuse, mean_rate
+from routing.sim.traces import TraceRow, mean_rate
+from routing.sim.workload import DEFAULT_MIX, BudgetMix, build_workload, ideal_reuse
 
 
 def parse_shares(text: str) -> list[tuple[str, float]]:

@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from backends import http_client
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
 from backends.http_base import HttpBackend, HttpSettings
-from backends.http_client import (
+from backends.httpclient import (
     CLOSE_HEADER,
     ConnectError,
     Headers,
@@ -37,6 +36,7 @@ from backends.http_client import (
     ResponseTimeout,
     tls_context,
 )
+from backends.httpclient import connection as http_connection
 from gateway.config import ConfigError, load_config
 from gateway.engines import build_backend
 from tests.conftest import free_port
@@ -398,7 +398,7 @@ def test_write_failing_on_a_stale_connection_is_retried_once_on_a_new_one(caplog
 def test_stale_connection_with_an_unseen_end_of_file_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pooled connection idle long enough for a server timer to have closed it is looked at before
     reuse: an end of file the loop has not processed yet means a new connection, not a lost request."""
-    monkeypatch.setattr(http_client, "_PEEK_AFTER_S", 0.0)
+    monkeypatch.setattr(http_connection, "_PEEK_AFTER_S", 0.0)
 
     async def close_after_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         request = await read_request(reader)

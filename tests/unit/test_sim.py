@@ -20,7 +20,8 @@ from routing.sim.policies import (
 )
 from routing.sim.simulate import Outage, SimFleet, assign_models, capacity_rps, simulate
 from routing.sim.sweep import parse_shares, sweep
-from routing.sim.workload import SimRequest, TraceRow
+from routing.sim.traces import TraceRow
+from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, ModelSpec, Rules
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,15 +13,8 @@ from routing.sim.engine import Job, SimEngine
 from routing.sim.peers import LlmD, PowerOfTwo, SglangCacheAware, ShortestQueueKv
 from routing.sim.policies import BackendView, Enginegate, RoundRobin
 from routing.sim.simulate import SimFleet, simulate
-from routing.sim.workload import (
-    ChatShape,
-    SimRequest,
-    TraceRow,
-    chat_sessions,
-    ideal_reuse,
-    load_mooncake,
-    load_trace,
-)
+from routing.sim.traces import TraceRow, load_mooncake, load_trace
+from routing.sim.workload import ChatShape, SimRequest, chat_sessions, ideal_reuse
 from routing.types import BackendProfile, ModelSpec, Rules
 
 ROOT = Path(__file__).resolve().parents[2]

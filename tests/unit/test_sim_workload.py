@@ -9,16 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from routing.sim.workload import (
-    DEFAULT_MIX,
-    BudgetClass,
-    BudgetMix,
-    TraceRow,
-    build_workload,
-    load_trace,
-    mean_rate,
-    parse_mix,
-)
+from routing.sim.traces import TraceRow, load_trace, mean_rate
+from routing.sim.workload import DEFAULT_MIX, BudgetClass, BudgetMix, build_workload, parse_mix
 
 ROOT = Path(__file__).resolve().parents[2]
 

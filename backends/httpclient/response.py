@@ -1,0 +1,122 @@
+"""A response as the caller sees it: status and headers at once, the body as it arrives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from backends.httpclient.connection import Connection, Pool
+from backends.httpclient.errors import ProtocolError
+
+
+class Headers(Mapping[str, str]):
+    """Response header fields by case-insensitive name; repeated fields joined with ``", "``."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        fields: dict[str, str] = {}
+        for name, value in raw:
+            key, text = name.decode("latin-1").lower(), value.decode("latin-1").strip()
+            fields[key] = f"{fields[key]}, {text}" if key in fields else text
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> str:
+        return self._fields[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._fields
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __repr__(self) -> str:
+        return f"Headers({self._fields!r})"
+
+
+class Response:
+    """One response: status and headers at once, the body as it arrives. Call ``release`` when done."""
+
+    __slots__ = ("_client", "_conn", "_content_type", "_headers", "_raw_headers", "_trailers", "status")
+
+    def __init__(self, client: Pool, conn: Connection) -> None:
+        self._client = client
+        self._conn: Connection | None = conn
+        self.status = conn.status
+        self._raw_headers = conn.raw_headers
+        self._trailers = conn.trailers
+        self._content_type = conn.content_type
+        self._headers: Headers | None = None
+
+    @property
+    def headers(self) -> Headers:
+        if self._headers is None:
+            self._headers = Headers(self._raw_headers)
+        return self._headers
+
+    @property
+    def trailers(self) -> Headers:
+        """A chunked body's trailer fields received so far (all of them once the body is read)."""
+        return Headers(self._trailers)
+
+    @property
+    def content_type(self) -> str:
+        """The media type, lower-cased, without parameters (``"text/event-stream"``); ``""`` if none."""
+        return self._content_type.partition(b";")[0].strip().lower().decode("latin-1")
+
+    @property
+    def arrived_at(self) -> float:
+        """``time.perf_counter()`` when the server's bytes last arrived: the end of a wait for them,
+        whatever the event loop did before the reader resumed."""
+        return self._conn.arrived if self._conn is not None else 0.0
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has been received (not necessarily read)."""
+        return self._conn is None or self._conn.done
+
+    async def read_chunk(self) -> bytes:
+        """The body bytes received since the last call, waiting for some if none are; ``b""`` at the end."""
+        conn = self._conn
+        if conn is None:
+            raise ProtocolError("the response was released")
+        try:
+            while True:
+                if conn.chunks:
+                    data = conn.take()
+                    if data:
+                        return data
+                    continue  # compressed bytes that decoded to nothing yet
+                if conn.done:
+                    if conn.decoder is not None and not conn.decoder.eof:
+                        raise ProtocolError("the compressed body was cut short")
+                    return b""
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(self._client.read_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    async def read(self) -> bytes:
+        """The rest of the body."""
+        parts = []
+        while chunk := await self.read_chunk():
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def release(self) -> None:
+        """Done with this response: its connection goes back to the pool if the response came in whole
+        and the server keeps the connection open, and is closed otherwise."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._client.release(conn)
+
+    def close(self) -> None:
+        """Done with this response and its connection: the server sees the connection close."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.abort()
+            self._client.release(conn)
