@@ -43,8 +43,9 @@ typecheck: $(VENV)/.test-deps
 
 # The documentation site, built strictly (mkdocs.yml: a broken link or anchor, or a page left out of the
 # navigation, fails) into a temporary directory; the configuration reference is generated from the schema.
+# Not --quiet: it hides the warnings from the strict count too, and a broken link would pass.
 docs: $(VENV)/.test-deps
-	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --quiet --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
+	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
 
 engines: $(VENV)/.engine-deps
 	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null)
