@@ -11,7 +11,7 @@ VLLM_VENV ?= .venv-vllm
 export ENGINEGATE_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
 export ENGINEGATE_LLAMA_SERVER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/enginegate/llama-server-0.3.36/build/bin/llama-server
 
-.PHONY: serve test lint typecheck unit engines services clean
+.PHONY: serve test lint typecheck docs unit engines services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ lint: $(VENV)/.test-deps
 typecheck: $(VENV)/.test-deps
 	$(BIN)/mypy
 
+# The documentation site, built strictly (mkdocs.yml: a broken link or anchor, or a page left out of the
+# navigation, fails) into a temporary directory; the configuration reference is generated from the schema.
+# Not --quiet: it hides the warnings from the strict count too, and a broken link would pass.
+docs: $(VENV)/.test-deps
+	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
+
 engines: $(VENV)/.engine-deps
 	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null)
 	bash tools/install_vllm.sh $(VLLM_VENV)
@@ -57,8 +63,8 @@ services:
 unit: $(VENV)/.test-deps services
 	$(BIN)/pytest -m "not engines"
 
-# Everything CI runs: lint, types, then every test, real engines included.
-test: lint typecheck engines services
+# Everything CI runs: lint, types, the docs, then every test, real engines included.
+test: lint typecheck docs engines services
 	$(BIN)/pytest
 
 clean:

@@ -1,6 +1,6 @@
-"""The README's capability matrix is what the adapters declare, and the routing explains each gap.
+"""The capability matrix in docs/engines.md is what the adapters declare, and the routing explains each gap.
 
-Every adapter kind's ``capabilities`` (backends/capabilities.py) must match the README table cell by
+Every adapter kind's ``capabilities`` (backends/capabilities.py) must match the docs/engines.md table cell by
 cell, so the table cannot drift from the code; and for every feature an adapter lacks, a request that
 uses it is kept away from that backend with ``lacks <feature>`` (the adapter suites prove, per engine,
 that declared features reach the engine in its own wire form and come back in OpenAI's shapes).
@@ -60,8 +60,8 @@ ROWS = {
 
 
 def readme_matrix() -> dict[str, dict[str, str]]:
-    """{row label: {engine: cell}} from the README's capability table."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """{row label: {engine: cell}} from the capability table in docs/engines.md."""
+    lines = (ROOT / "docs" / "engines.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| capability |"))
     header = [c.strip() for c in lines[start].strip("|").split("|")]
     table: dict[str, dict[str, str]] = {}
@@ -86,9 +86,9 @@ def test_readme_cell_is_what_the_adapter_declares(row: str, engine: str) -> None
     caps = declared_capabilities(engine)
     cell = MATRIX[row][engine]
     for feature in ROWS[row]:
-        assert (feature in caps.features) == _yes(cell), f"{engine} {feature}: README says {cell!r}"
+        assert (feature in caps.features) == _yes(cell), f"{engine} {feature}: docs/engines.md says {cell!r}"
     if row.startswith("`tools`"):
-        assert caps.tools_in_prompt == (cell == "in prompt"), f"{engine}: README says {cell!r}"
+        assert caps.tools_in_prompt == (cell == "in prompt"), f"{engine}: docs/engines.md says {cell!r}"
 
 
 @pytest.mark.parametrize("engine", COLUMNS.values())

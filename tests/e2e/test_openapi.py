@@ -31,7 +31,7 @@ models:
 backends:
   - {name: ct2, engine: ctranslate2, model: enginegate-demo}
 """
-# What the README promises; the document may list more, never less.
+# What docs/api.md promises; the document may list more, never less.
 ROUTES = {
     ("post", "/v1/chat/completions"),
     ("post", "/v1/completions"),
