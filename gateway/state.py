@@ -19,13 +19,13 @@ from pathlib import Path
 
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
-from gateway.catalog import PromptCounter, prompt_counters
-from gateway.catalog import rules as build_rules
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
-from gateway.engines import BackendFactory
-from gateway.fleet import Entry, Fleet, reconcile
-from gateway.metrics import MULTIPROCESS_ENV, Metrics
-from gateway.prefix_share import PrefixShare
+from gateway.fleet.catalog import PromptCounter, prompt_counters
+from gateway.fleet.catalog import rules as build_rules
+from gateway.fleet.engines import BackendFactory
+from gateway.fleet.prefix_share import PrefixShare
+from gateway.fleet.registry import Entry, Fleet, reconcile
+from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules

@@ -38,7 +38,7 @@ from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig, LoadedConfig
-    from gateway.lifecycle import RequestLife
+    from gateway.pipeline.lifecycle import RequestLife
 
 log = logging.getLogger("enginegate.tenancy")
 

@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.config import ServerConfig
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
 
 if TYPE_CHECKING:
     import asyncio

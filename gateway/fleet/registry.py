@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from backends.base import Backend, Health, Load
 from backends.capabilities import PLAIN, Capabilities, capabilities_of
-from gateway.breaker import CircuitBreaker
-from gateway.catalog import capabilities, model_specs, profile
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
-from gateway.engines import BackendFactory
-from gateway.prefix_share import PrefixShare
+from gateway.fleet.breaker import CircuitBreaker
+from gateway.fleet.catalog import capabilities, model_specs, profile
+from gateway.fleet.engines import BackendFactory
+from gateway.fleet.prefix_share import PrefixShare
 from routing.estimator import kv_capacity_tokens, observe, typical_output
 from routing.kv_exact import ExactIndex
 from routing.load import current as current_load
@@ -31,7 +31,7 @@ from routing.prefix import PrefixIndex
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed, RequestFeatures
 
 if TYPE_CHECKING:
-    from gateway.kv_events import KvEventSubscriber
+    from gateway.fleet.kv_events import KvEventSubscriber
 
 log = logging.getLogger("enginegate.fleet")
 
@@ -302,7 +302,7 @@ class Fleet:
         events = getattr(entry.config, "kv_events", None)
         if events is None or entry.events_task is not None:
             return
-        from gateway.kv_events import KvEventSubscriber  # pyzmq and msgspec: checked with the config
+        from gateway.fleet.kv_events import KvEventSubscriber  # pyzmq and msgspec: checked with the config
 
         entry.exact = ExactIndex()
         entry.events = KvEventSubscriber(

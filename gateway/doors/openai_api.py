@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.errors import ApiError, bad_request
+from gateway.http.errors import ApiError, bad_request
 
 # Bounds on what a body may hold, checked on the decoded JSON before validation (validating 100,000
 # messages took 0.7 s of event loop to refuse them): OpenAI's 4 stop sequences, each at most

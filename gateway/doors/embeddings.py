@@ -24,9 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.embed_base import Embedder, EmbedRequest, EmbedResult, normalized
 from backends.http_base import HttpSettings
-from gateway import dispatch
-from gateway.body_errors import deepest, param_path
-from gateway.completions import no_candidates
 from gateway.config import (
     BackendConfig,
     ConfigError,
@@ -37,11 +34,14 @@ from gateway.config import (
     TgiConfig,
     VLLMConfig,
 )
-from gateway.dispatch import Deadlines
-from gateway.errors import ApiError, bad_request, from_backend, model_not_found
-from gateway.lifecycle import RequestLife
-from gateway.openai_api import error_for_json
-from gateway.streaming import Exchange
+from gateway.doors.body_errors import deepest, param_path
+from gateway.doors.openai_api import error_for_json
+from gateway.http.errors import ApiError, bad_request, from_backend, model_not_found
+from gateway.http.exchange import Exchange
+from gateway.pipeline import dispatch
+from gateway.pipeline.dispatch import Deadlines
+from gateway.pipeline.lifecycle import RequestLife
+from gateway.pipeline.serve import no_candidates
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Reason

@@ -17,12 +17,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.body_errors import deepest, param_path
 from gateway.config import LimitsConfig
-from gateway.errors import ApiError, bad_request
-from gateway.openai_api import MAX_METADATA, MAX_TOOLS, NAME_PATTERN
-from gateway.responses_events import ResponsesAnswer
-from gateway.surfaces import Asked
+from gateway.doors.body_errors import deepest, param_path
+from gateway.doors.openai_api import MAX_METADATA, MAX_TOOLS, NAME_PATTERN
+from gateway.doors.responses_events import ResponsesAnswer
+from gateway.http.errors import ApiError, bad_request
+from gateway.pipeline.surfaces import Asked
 
 
 class _Strict(BaseModel):

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 from backends.base import Chunk, GenerationRequest, Usage
 from gateway.config import LimitsConfig
-from gateway.errors import ApiError
-from gateway.openai_api import ChatBody, CompletionBody, described, parse_body, to_generation
-from gateway.openai_shapes import ResponseShape
-from gateway.streaming import DONE, event
+from gateway.doors.openai_api import ChatBody, CompletionBody, described, parse_body, to_generation
+from gateway.doors.openai_shapes import ResponseShape
+from gateway.http.errors import ApiError
+from gateway.http.exchange import DONE, event
 
 
 @dataclass(frozen=True, slots=True)

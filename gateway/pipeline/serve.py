@@ -17,21 +17,21 @@ import orjson
 
 from backends.base import BackendError, Chunk, GenerationRequest, Usage
 from backends.capabilities import needs, without
-from gateway import dispatch
-from gateway.dispatch import Deadlines
-from gateway.errors import ApiError, from_backend, model_not_found
-from gateway.lifecycle import RequestLife
-from gateway.openai_api import error_for_json, prompt_texts
-from gateway.openai_shapes import UsageTotal
-from gateway.shaping import default_length, open_answer
-from gateway.streaming import Exchange
-from gateway.surfaces import Answer, Surface
+from gateway.doors.openai_api import error_for_json, prompt_texts
+from gateway.doors.openai_shapes import UsageTotal
+from gateway.http.errors import ApiError, from_backend, model_not_found
+from gateway.http.exchange import Exchange
+from gateway.pipeline import dispatch
+from gateway.pipeline.dispatch import Deadlines
+from gateway.pipeline.lifecycle import RequestLife
+from gateway.pipeline.shaping import default_length, open_answer
+from gateway.pipeline.surfaces import Answer, Surface
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Decision, FleetSnapshot, Reason
 
 if TYPE_CHECKING:
-    from gateway.fleet import Entry
+    from gateway.fleet.registry import Entry
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")

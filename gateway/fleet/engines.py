@@ -111,7 +111,7 @@ def _http_backend(cfg: HttpEngineConfig, loaded: LoadedConfig) -> Backend:
 def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
     """The real engines; tests pass their own factory to ``create_app`` for contract fakes."""
     if loaded.model(cfg.model).kind == "embed":  # the engine's embedding adapter (gateway/embeddings.py)
-        from gateway.embeddings import build_embedder
+        from gateway.doors.embeddings import build_embedder
 
         http = None if isinstance(cfg, CTranslate2Config | LlamaCppConfig) else _http_settings(cfg, loaded)
         return build_embedder(cfg, loaded, http)

@@ -18,17 +18,17 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, cast
 
 from backends.base import BackendError, ErrorKind, Usage
-from gateway.dispatch import Committed, Target
-from gateway.errors import ApiError
-from gateway.fleet import Entry
-from gateway.streaming import ClientGone
+from gateway.fleet.registry import Entry
+from gateway.http.errors import ApiError
+from gateway.http.exchange import ClientGone
+from gateway.pipeline.dispatch import Committed, Target
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gateway.http.exchange import Exchange
     from gateway.state import AppState
-    from gateway.streaming import Exchange
 
 log = logging.getLogger("enginegate.request")
 
