@@ -10,18 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.config import ConfigError, LoadedConfig, load_config
+from gateway.config import ConfigError, LoadedConfig, default_config, load_config
 
 if TYPE_CHECKING:
     from routing.sim.simulate import SimFleet
-
-
-def default_config() -> Path:
-    """$ENGINEGATE_CONFIG, else the repository's embedded default next to this package."""
-    env = os.environ.get("ENGINEGATE_CONFIG")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
 def _load(path: Path) -> LoadedConfig | None:
@@ -220,7 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     }
     from gateway.http import supervisor
 
-    config = uvicorn.Config("gateway.http.drain:worker_app", factory=True, workers=args.workers, **options)
+    config = uvicorn.Config("gateway.app:worker_app", factory=True, workers=args.workers, **options)
     supervisor.run(config, server.drain_delay_s)
     return 0
 

@@ -569,6 +569,14 @@ def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, di
         raise ConfigError(problems) from exc
 
 
+def default_config() -> Path:
+    """$ENGINEGATE_CONFIG, else the repository's embedded default next to this package."""
+    env = os.environ.get("ENGINEGATE_CONFIG")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
 def load_config(path: str | Path, ggufs: GgufCache | None = None) -> LoadedConfig:
     """``ggufs``: the running config's parsed GGUF files, so a reload reads only files that changed."""
     path = Path(path)

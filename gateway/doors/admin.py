@@ -23,9 +23,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.base import GenerationRequest
-from gateway.doors.openai_api import prompt_texts
 from gateway.http.errors import ApiError, bad_request
 from gateway.http.supervisor import SUPERVISOR_ENV
+from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from gateway.tenancy.gate import Tenancy
 from gateway.tenancy.guard import AdminGuard

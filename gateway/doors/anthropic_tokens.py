@@ -12,8 +12,8 @@ from starlette.responses import Response
 
 from gateway.doors.anthropic_api import parse_conversation, prompt_of
 from gateway.doors.anthropic_events import error_doc
-from gateway.doors.openai_api import error_for_json, prompt_texts
-from gateway.http.errors import ApiError, model_not_found
+from gateway.http.errors import ApiError, error_for_json, model_not_found
+from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from routing.features import estimate_tokens
 

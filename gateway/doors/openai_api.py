@@ -450,18 +450,6 @@ def to_generation(
     )
 
 
-def prompt_texts(req: GenerationRequest) -> list[str]:
-    if req.messages is None:
-        return [req.prompt or ""]
-    texts = []
-    for m in req.messages:
-        content = m["content"]
-        texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
-        for call in m.get("tool_calls") or ():
-            texts.append(call["function"]["arguments"])
-    return texts
-
-
 def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
     """What the caller said about itself, for the request log: OpenAI's ``user``, ``metadata`` and
     ``safety_identifier`` take effect there (the gateway's record of who asked)."""
@@ -474,11 +462,3 @@ def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
         if body.safety_identifier is not None:
             out["safety_identifier"] = body.safety_identifier
     return out
-
-
-def error_for_json(exc: Exception) -> ApiError:
-    return bad_request(
-        "We could not parse the JSON body of your request. The body must be valid JSON "
-        f"with Content-Type: application/json ({exc}).",
-        code="invalid_json",
-    )

@@ -17,15 +17,13 @@ import orjson
 
 from backends.base import BackendError, Chunk, GenerationRequest, Usage
 from backends.capabilities import needs, without
-from gateway.doors.openai_api import error_for_json, prompt_texts
-from gateway.doors.openai_shapes import UsageTotal
-from gateway.http.errors import ApiError, from_backend, model_not_found
+from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Deadlines
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.shaping import default_length, open_answer
-from gateway.pipeline.surfaces import Answer, Surface
+from gateway.pipeline.surfaces import Answer, Surface, UsageTotal
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Decision, FleetSnapshot, Reason
@@ -97,6 +95,19 @@ def no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras
         code="no_backend_available",
         retry_after=1.0,
     )
+
+
+def prompt_texts(req: GenerationRequest) -> list[str]:
+    """The texts of a request's prompt, as routing measures and matches them."""
+    if req.messages is None:
+        return [req.prompt or ""]
+    texts = []
+    for m in req.messages:
+        content = m["content"]
+        texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
+        for call in m.get("tool_calls") or ():
+            texts.append(call["function"]["arguments"])
+    return texts
 
 
 async def serve(

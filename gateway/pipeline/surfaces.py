@@ -1,7 +1,7 @@
-"""Front doors: each API surface (OpenAI chat and completions here; others beside them) turns its own
-request body into one ``GenerationRequest`` and the chunks of the answer back into its own documents
-and stream events. Routing, capabilities, dispatch, failover, deadlines, metrics and logs are the
-same for every surface (``gateway.completions``).
+"""What the pipeline asks of a front door: each API surface (``gateway/doors``) turns its own request
+body into one ``GenerationRequest`` and the chunks of the answer back into its own documents and
+stream events. Routing, capabilities, dispatch, failover, deadlines, metrics and logs are the same
+for every surface (``gateway.pipeline.serve``).
 
 A ``Surface`` is stateless and shared; its ``Answer`` belongs to one request.
 """
@@ -13,10 +13,7 @@ from typing import Any, Protocol
 
 from backends.base import Chunk, GenerationRequest, Usage
 from gateway.config import LimitsConfig
-from gateway.doors.openai_api import ChatBody, CompletionBody, described, parse_body, to_generation
-from gateway.doors.openai_shapes import ResponseShape
 from gateway.http.errors import ApiError
-from gateway.http.exchange import DONE, event
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,53 +66,29 @@ class Surface(Protocol):
         ...
 
 
-class OpenAIAnswer:
-    """Chat and completion documents and SSE chunks (``data: {...}``, then ``data: [DONE]``)."""
+class UsageTotal:
+    """The request's usage from its choices' usage: each choice's completion tokens summed, the
+    prompt counted once (an engine answering ``n`` itself reports the total on one choice)."""
 
-    __slots__ = ("shape",)
+    __slots__ = ("_by_choice",)
 
-    def __init__(self, shape: ResponseShape) -> None:
-        self.shape = shape
+    def __init__(self) -> None:
+        self._by_choice: dict[int, Usage] = {}
 
-    def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
-        return self.shape.whole(chunks)
+    def add(self, chunk: Chunk) -> None:
+        if chunk.usage is not None:
+            self._by_choice[chunk.index] = chunk.usage
 
-    def opening(self) -> list[bytes]:
-        return [event(doc) for doc in self.shape.role_chunks()]
-
-    def chunk(self, chunk: Chunk) -> bytes | None:
-        doc = self.shape.delta(chunk)
-        return None if doc is None else event(doc)
-
-    def closing(self, usage: Usage | None) -> bytes:
-        if self.shape.include_usage:
-            return event(self.shape.usage_chunk(usage)) + DONE
-        return DONE
-
-    def failure(self, error: ApiError) -> bytes:
-        return event(error.body()) + DONE
-
-
-class OpenAISurface:
-    """``/v1/chat/completions`` (``chat``) or ``/v1/completions``."""
-
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
-        self.route = "chat" if chat else "completions"
-        self._body: type[ChatBody] | type[CompletionBody] = ChatBody if chat else CompletionBody
-
-    def asked(self, data: Any, limits: LimitsConfig, request_id: str) -> Asked:
-        body = parse_body(self._body, data, limits.max_messages, limits.max_stop_chars)
-        gen = to_generation(body, request_id, limits.max_tokens, limits.max_messages)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Asked(gen, bool(body.stream), include_usage, described(body))
-
-    def answer(self, asked: Asked, request_id: str) -> OpenAIAnswer:
-        return OpenAIAnswer(ResponseShape(self.chat, request_id, asked.gen.model, asked.include_usage, asked.gen.n))
-
-    def error_body(self, error: ApiError) -> bytes:
-        return error.json()
-
-
-CHAT = OpenAISurface(chat=True)
-COMPLETIONS = OpenAISurface(chat=False)
+    @property
+    def usage(self) -> Usage | None:
+        usages = self._by_choice.values()
+        if not usages:
+            return None
+        if len(usages) == 1:
+            return next(iter(usages))
+        cached = [u.cached_tokens for u in usages if u.cached_tokens is not None]
+        return Usage(
+            max(u.prompt_tokens for u in usages),
+            sum(u.completion_tokens for u in usages),
+            max(cached) if cached else None,
+        )
