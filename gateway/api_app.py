@@ -149,7 +149,7 @@ def build(
     docs: bool,
     admin_auth: Callable[[Request], Awaitable[None]],
 ) -> FastAPI:
-    """The app for ``routes`` (Starlette routes as ``gateway.app`` and ``gateway.admin`` define them)."""
+    """The app for ``routes`` (Starlette routes as ``gateway.app`` and ``gateway.doors.admin`` define them)."""
     app = FastAPI(
         title="enginegate",
         version="0.1.0",

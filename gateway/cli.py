@@ -179,7 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
         "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
         "ws": "none",
         "timeout_keep_alive": server.keep_alive_timeout_s,
-        # gateway/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
+        # gateway/http/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
         "timeout_graceful_shutdown": server.shutdown_grace_s + SETTLE_S,
     }
     if args.workers == 1:

@@ -82,7 +82,7 @@ class Drain:
         self._stopping = True
         self.server.should_exit = True  # uvicorn closes the listener on its next tick (0.1 s)
         # Under --workers the listening socket is shared: the supervisor shuts it down when it stops
-        # (gateway/supervisor.py); a worker restarted on its own must leave it to the others.
+        # (gateway/http/supervisor.py); a worker restarted on its own must leave it to the others.
         self.loop.call_later(self.grace_s + 0.1, self._end)
 
     def _end(self) -> None:

@@ -1,4 +1,4 @@
-"""The exact prefix-cache index (routing/kv_exact.py) and the KV-event subscriber (gateway/kv_events.py).
+"""The exact prefix-cache index (routing/kv_exact.py) and the KV-event subscriber (gateway/fleet/kv_events.py).
 
 The subscriber tests run it against a fake vLLM publisher on loopback: an XPUB socket (which hears
 the subscription, so nothing is sent before the subscriber listens) and a ROUTER that replays, both
