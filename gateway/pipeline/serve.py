@@ -29,7 +29,7 @@ from routing.policy import choose, priority_factor
 from routing.types import Decision, FleetSnapshot, Reason
 
 if TYPE_CHECKING:
-    from gateway.fleet.registry import Entry
+    from gateway.fleet.entry import Entry
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
