@@ -14,35 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backends.gguf_vocab import Vocabulary
+
 if TYPE_CHECKING:
     import numpy as np
     from tokenizers import Tokenizer
 
-# llama.cpp's token types
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
-
 
 class GgufError(ValueError):
     """The file is not a GGUF this project can use; the message says why."""
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    tokens: list[str]
-    scores: list[float]
-    types: list[int]
-    bos_id: int | None
-    eos_id: int | None
-    eot_id: int | None
-    unk_id: int | None
-    add_bos: bool
-    add_space_prefix: bool
-    chat_template: str | None
-
-    @property
-    def stop_ids(self) -> list[int]:
-        """Tokens that end a generation: end of sequence and end of turn."""
-        return sorted({i for i in (self.eos_id, self.eot_id) if i is not None})
 
 
 @dataclass(frozen=True)

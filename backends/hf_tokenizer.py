@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, models, normalizers
 
-from backends.gguf_file import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, Vocabulary
+from backends.gguf_vocab import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, Vocabulary
 
 SPACE = "\u2581"
 

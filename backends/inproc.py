@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, TokenLogprob, TopLogprob, Usage
-from backends.gguf_file import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
+from backends.gguf_vocab import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
 from backends.text import ChatRenderer, StopStrings
 
 if TYPE_CHECKING:

@@ -27,12 +27,12 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway import api_models as m
-from gateway.admin import ExplainBody
-from gateway.anthropic_api import Conversation, MessagesBody
-from gateway.embeddings import EmbeddingsBody
-from gateway.openai_api import ChatBody, CompletionBody
-from gateway.responses_api import ResponsesBody
+from gateway.doors import api_models as m
+from gateway.doors.admin import ExplainBody
+from gateway.doors.anthropic_api import Conversation, MessagesBody
+from gateway.doors.embeddings import EmbeddingsBody
+from gateway.doors.openai_api import ChatBody, CompletionBody
+from gateway.doors.responses_api import ResponsesBody
 
 Endpoint = Callable[[Request], Any]
 _ADMIN_SECURITY: list[dict[str, list[str]]] = [{"adminKey": []}]
@@ -149,7 +149,7 @@ def build(
     docs: bool,
     admin_auth: Callable[[Request], Awaitable[None]],
 ) -> FastAPI:
-    """The app for ``routes`` (Starlette routes as ``gateway.app`` and ``gateway.admin`` define them)."""
+    """The app for ``routes`` (Starlette routes as ``gateway.app`` and ``gateway.doors.admin`` define them)."""
     app = FastAPI(
         title="enginegate",
         version="0.1.0",

@@ -21,20 +21,23 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import anthropic_tokens, api_app, embeddings
-from gateway.admin import AdminAuth
-from gateway.admin import routes as admin_routes
-from gateway.anthropic_api import MESSAGES
-from gateway.completions import serve
+from gateway import api_app
 from gateway.config import LoadedConfig
-from gateway.cors import Cors, is_preflight
-from gateway.engines import BackendFactory, build_backend
-from gateway.errors import ApiError, model_not_found
-from gateway.http_protocol import RECEIVED
-from gateway.responses_api import RESPONSES
+from gateway.doors import anthropic_tokens, embeddings
+from gateway.doors.admin import AdminAuth
+from gateway.doors.admin import routes as admin_routes
+from gateway.doors.anthropic_api import MESSAGES
+from gateway.doors.openai_surface import CHAT, COMPLETIONS
+from gateway.doors.responses_api import RESPONSES
+from gateway.fleet.engines import BackendFactory, build_backend
+from gateway.http.cors import Cors, is_preflight
+from gateway.http.drain import attach
+from gateway.http.errors import ApiError, model_not_found
+from gateway.http.exchange import ClientGone, Exchange
+from gateway.http.protocol import RECEIVED
+from gateway.pipeline.serve import serve
+from gateway.pipeline.surfaces import Surface
 from gateway.state import AppState
-from gateway.streaming import ClientGone, Exchange
-from gateway.surfaces import CHAT, COMPLETIONS, Surface
 
 log = logging.getLogger("enginegate.app")
 
@@ -302,12 +305,16 @@ def _routes(state: AppState) -> list[Route]:
 
 def from_environment() -> ASGIApp:
     """The app of one worker process (``serve --workers``): config and logging from the environment."""
-    from gateway.cli import default_config
-    from gateway.config import load_config
-    from gateway.logs import configure
+    from gateway.config import default_config, load_config
+    from gateway.telemetry.logs import configure
 
     configure(os.environ.get("ENGINEGATE_LOG_LEVEL", "info"), os.environ.get("ENGINEGATE_LOG_FORMAT", "json"))
     return create_app(load_config(default_config()))
+
+
+def worker_app() -> ASGIApp:
+    """The app factory of each ``serve --workers`` process."""
+    return attach(from_environment())
 
 
 def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:

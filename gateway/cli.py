@@ -10,18 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.config import ConfigError, LoadedConfig, load_config
+from gateway.config import ConfigError, LoadedConfig, default_config, load_config
 
 if TYPE_CHECKING:
     from routing.sim.simulate import SimFleet
-
-
-def default_config() -> Path:
-    """$ENGINEGATE_CONFIG, else the repository's embedded default next to this package."""
-    env = os.environ.get("ENGINEGATE_CONFIG")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
 def _load(path: Path) -> LoadedConfig | None:
@@ -45,8 +37,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     """Where would this request go and why, against the config file (every backend healthy and idle)."""
-    from gateway.catalog import model_specs, profile
-    from gateway.catalog import rules as build_rules
+    from gateway.fleet.catalog import model_specs, profile
+    from gateway.fleet.catalog import rules as build_rules
     from routing.explain import render
     from routing.policy import choose
     from routing.types import BackendState, FleetSnapshot, RequestFeatures
@@ -54,8 +46,8 @@ def _explain(args: argparse.Namespace) -> int:
     loaded = _load(args.config)
     if loaded is None:
         return 1
-    from gateway.catalog import capabilities
-    from gateway.engines import declared_capabilities
+    from gateway.fleet.catalog import capabilities
+    from gateway.fleet.engines import declared_capabilities
 
     snapshot = FleetSnapshot(
         tuple(
@@ -86,7 +78,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def sim_fleet(loaded: LoadedConfig, outages: list[str] | None = None) -> SimFleet:
     """The config's backends, models and routing rules as the simulator's fleet (polled like the gateway)."""
-    from gateway.catalog import model_specs, profile, rules
+    from gateway.fleet.catalog import model_specs, profile, rules
     from routing.sim.simulate import Outage, SimFleet
 
     parsed = []
@@ -160,9 +152,9 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.drain import SETTLE_S, attach
-    from gateway.http_protocol import GatewayHttpProtocol, raise_fd_limit
-    from gateway.logs import configure
+    from gateway.http.drain import SETTLE_S, attach
+    from gateway.http.protocol import GatewayHttpProtocol, raise_fd_limit
+    from gateway.telemetry.logs import configure
 
     configure(args.log_level, args.log_format)
     loaded = _load(args.config)
@@ -188,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
         "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
         "ws": "none",
         "timeout_keep_alive": server.keep_alive_timeout_s,
-        # gateway/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
+        # gateway/http/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
         "timeout_graceful_shutdown": server.shutdown_grace_s + SETTLE_S,
     }
     if args.workers == 1:
@@ -207,7 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 0 if runner.started else 3
     # Several processes: each builds its own app from the environment, and metrics go through
     # prometheus-client's shared directory so that /metrics counts every worker's requests.
-    from gateway.metrics import MULTIPROCESS_ENV
+    from gateway.telemetry.metrics import MULTIPROCESS_ENV
 
     shared = os.environ.get(MULTIPROCESS_ENV)
     directory = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="enginegate-metrics-"))
@@ -219,9 +211,9 @@ def _serve(args: argparse.Namespace) -> int:
         "ENGINEGATE_LOG_LEVEL": args.log_level,
         "ENGINEGATE_LOG_FORMAT": args.log_format,
     }
-    from gateway import supervisor
+    from gateway.http import supervisor
 
-    config = uvicorn.Config("gateway.drain:worker_app", factory=True, workers=args.workers, **options)
+    config = uvicorn.Config("gateway.app:worker_app", factory=True, workers=args.workers, **options)
     supervisor.run(config, server.drain_delay_s)
     return 0
 

@@ -35,7 +35,7 @@ class ServerConfig(_Strict):
     port: int = Field(default=8000, ge=0, le=65535)
     cache_dir: str | None = None
     """Where models derived from GGUF files are kept; default: $XDG_CACHE_HOME/enginegate."""
-    # Connection limits (read at start; gateway/http_protocol.py enforces them).
+    # Connection limits (read at start; gateway/http/protocol.py enforces them).
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     """Request line and headers together; beyond it 431."""
     max_headers: int = Field(default=100, ge=8)
@@ -567,6 +567,14 @@ def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, di
                 msg = msg.removeprefix("Value error, ")
             problems.append(f"{source}:{_line(lines, loc)}: {_dotted(loc)}: {msg}")
         raise ConfigError(problems) from exc
+
+
+def default_config() -> Path:
+    """$ENGINEGATE_CONFIG, else the repository's embedded default next to this package."""
+    env = os.environ.get("ENGINEGATE_CONFIG")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
 def load_config(path: str | Path, ggufs: GgufCache | None = None) -> LoadedConfig:

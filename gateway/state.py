@@ -19,13 +19,14 @@ from pathlib import Path
 
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
-from gateway.catalog import PromptCounter, prompt_counters
-from gateway.catalog import rules as build_rules
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
-from gateway.engines import BackendFactory
-from gateway.fleet import Entry, Fleet, reconcile
-from gateway.metrics import MULTIPROCESS_ENV, Metrics
-from gateway.prefix_share import PrefixShare
+from gateway.fleet.catalog import PromptCounter, prompt_counters
+from gateway.fleet.catalog import rules as build_rules
+from gateway.fleet.engines import BackendFactory
+from gateway.fleet.entry import Entry
+from gateway.fleet.prefix_share import PrefixShare
+from gateway.fleet.registry import Fleet, reconcile
+from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
@@ -81,8 +82,8 @@ class AppState:
         )
         self.fleet.after_poll = self.metrics.fleet.refresh
         if cfg.routing.prefix.share and cfg.redis.url:  # read at start, as the limits' Redis is
-            self.fleet.share = PrefixShare(
-                cfg.redis.url, self.fleet.learn, timeout_s=cfg.redis.timeout_s, count=self.metrics.prefix_share
+            self.fleet.accounts.share = PrefixShare(
+                cfg.redis.url, self.fleet.accounts.learn, timeout_s=cfg.redis.timeout_s, count=self.metrics.prefix_share
             )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.gguf_file import TOKEN_USER_DEFINED, GgufModel, Vocabulary, read_gguf
+from backends.gguf_file import GgufModel, read_gguf
+from backends.gguf_vocab import TOKEN_USER_DEFINED, Vocabulary
 from backends.hf_tokenizer import build_tokenizer
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
 from gateway.tenancy.limiter import Ask, Verdict
 
 

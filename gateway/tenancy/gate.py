@@ -17,10 +17,10 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -38,7 +38,6 @@ from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig, LoadedConfig
-    from gateway.lifecycle import RequestLife
 
 log = logging.getLogger("enginegate.tenancy")
 
@@ -55,6 +54,21 @@ def reserved_prompt(estimate: int, messages: int) -> int:
     that, plus the chat template's tokens around each message, so that the engine's real count
     (settled later) stays within the reservation and no budget is overspent by a short estimate."""
     return ESTIMATE_FACTOR * estimate + TEMPLATE_TOKENS * messages
+
+
+class _Headers(Protocol):
+    def header(self, name: str, value: str) -> None: ...
+
+
+class Admitted(Protocol):
+    """What admission writes on the request it admits (the pipeline's ``RequestLife``): the key, the
+    limit headers, and what to do when the request ends. Tenancy sits below the pipeline."""
+
+    key_id: str | None
+    on_end: Callable[[Usage | None, bool], float] | None
+
+    @property
+    def ex(self) -> _Headers: ...
 
 
 @dataclass(slots=True)
@@ -207,7 +221,7 @@ class Tenancy:
         self,
         record: KeyRecord,
         features: RequestFeatures,
-        life: RequestLife,
+        life: Admitted,
         explicit_priority: bool,
         max_tokens_cap: int,
         context: int | None,

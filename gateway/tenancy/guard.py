@@ -8,7 +8,7 @@ import hmac
 import time
 from collections import OrderedDict
 
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
 
 MAX_LOCKOUT_S = 3600.0
 _TRACKED = 10_000

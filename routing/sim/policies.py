@@ -265,17 +265,3 @@ class Enginegate:
         replica = self._replica_of.pop(id(job), 0)
         if job.request.blocks:  # engines report what they reused (usage.prompt_tokens_details.cached_tokens)
             self._index(replica, view).reported(job.ages, job.cached_tokens, job.request.block_tokens)
-
-
-SHARE_DELAY_S = 0.005
-"""How late a replica hears of another's send through Redis pub/sub (a round trip on one network)."""
-
-
-def all_policies(rules: Rules, models: dict[str, ModelSpec], seed: int) -> list[Policy]:
-    from routing.sim.peers import strong_peers
-
-    return [
-        RoundRobin(), Random(seed), LeastBusy(seed), LowestLatency(seed), StaticTable(),
-        *strong_peers(seed), Enginegate(rules, models), Enginegate(rules, models, replicas=2, seed=seed),
-        Enginegate(rules, models, replicas=2, seed=seed, share_s=SHARE_DELAY_S),
-    ]  # fmt: skip

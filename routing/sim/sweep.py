@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from routing.sim.policies import Policy, all_policies
+from routing.sim.peers import strong_peers
+from routing.sim.policies import Enginegate, LeastBusy, LowestLatency, Policy, Random, RoundRobin, StaticTable
 from routing.sim.report import Point
 from routing.sim.simulate import SimFleet, assign_models, capacity_rps, simulate
 from routing.sim.traces import TraceRow, mean_rate
 from routing.sim.workload import DEFAULT_MIX, BudgetMix, build_workload, ideal_reuse
+from routing.types import ModelSpec, Rules
+
+SHARE_DELAY_S = 0.005
+"""How late a replica hears of another's send through Redis pub/sub (a round trip on one network)."""
+
+
+def all_policies(rules: Rules, models: dict[str, ModelSpec], seed: int) -> list[Policy]:
+    """The line-up a sweep compares: simple baselines, the strong peers (``peers``) and enginegate
+    alone, in two replicas, and in two replicas sharing prefix blocks."""
+    return [
+        RoundRobin(), Random(seed), LeastBusy(seed), LowestLatency(seed), StaticTable(),
+        *strong_peers(seed), Enginegate(rules, models), Enginegate(rules, models, replicas=2, seed=seed),
+        Enginegate(rules, models, replicas=2, seed=seed, share_s=SHARE_DELAY_S),
+    ]  # fmt: skip
 
 
 def parse_shares(text: str) -> list[tuple[str, float]]:

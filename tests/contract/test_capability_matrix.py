@@ -28,7 +28,7 @@ from backends.capabilities import (
     TOP_LOGPROBS,
     Capabilities,
 )
-from gateway.engines import declared_capabilities
+from gateway.fleet.engines import declared_capabilities
 from routing.catalog import ENGINES, GPUS
 from routing.policy import choose
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, RequestFeatures, Rules

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from backends.base import Chunk, GenerationRequest, ToolCallDelta
-from backends.gguf_file import TOKEN_USER_DEFINED, read_gguf
+from backends.gguf_file import read_gguf
+from backends.gguf_vocab import TOKEN_USER_DEFINED
 from backends.hf_tokenizer import encode
 from backends.text import CHATML, ChatRenderer
 from backends.tool_calls import with_tool_calls

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.kv_events import KvEventSubscriber
+from gateway.fleet.kv_events import KvEventSubscriber
 from routing.kv_exact import ExactIndex
 from tests.conftest import GatewayProcess, free_port, write_config
 from tests.contract.engines import SERVED, vllm_server

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
 from gateway.tenancy.gate import Tenancy
 from gateway.tenancy.keys import KeyRecord, digest, key_id_of, new_token
 from gateway.tenancy.settings import AuthConfig, DeclaredKey, RedisConfig

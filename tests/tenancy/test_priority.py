@@ -41,7 +41,7 @@ def admitted(priority_class: str, asked: int | None) -> tuple[RequestFeatures, _
         record = KeyRecord(id="0000abcd", sha256="0" * 64, team="red", priority=priority_class)
         life = _Life()
         feats = RequestFeatures(model="m", prompt_tokens=10, max_tokens=5, priority=asked or 0)
-        out = await tenancy.admit(record, feats, life, asked is not None, 100, 1000)  # type: ignore[arg-type]
+        out = await tenancy.admit(record, feats, life, asked is not None, 100, 1000)
         life.on_end(Usage(8, 5), True)
         return out, life
 

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
-from gateway.anthropic_api import MESSAGES
-from gateway.anthropic_events import AnthropicAnswer
 from gateway.app import create_app
 from gateway.config import LimitsConfig, load_config
-from gateway.errors import ApiError, from_backend
+from gateway.doors.anthropic_api import MESSAGES
+from gateway.doors.anthropic_events import AnthropicAnswer
+from gateway.http.errors import ApiError, from_backend
 from tests.conftest import write_config
 from tests.fakes import factory, serve_in_thread
 from tests.scripted_tools import CALL, TEXT, Scripted

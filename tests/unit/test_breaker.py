@@ -3,7 +3,7 @@ backs off when recovery fails, and closes again on successful probes."""
 
 from __future__ import annotations
 
-from gateway.breaker import CircuitBreaker
+from gateway.fleet.breaker import CircuitBreaker
 from routing.types import Breaker
 
 

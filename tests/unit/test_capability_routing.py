@@ -12,8 +12,8 @@ import pytest
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.capabilities import FEATURES, JSON_SCHEMA, LOGPROBS, TOOLS, Capabilities
-from gateway.openai_shapes import ResponseShape
-from gateway.shaping import default_length, fan_in, open_answer
+from gateway.doors.openai_shapes import ResponseShape
+from gateway.pipeline.shaping import default_length, fan_in, open_answer
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.policy import choose
 from routing.types import (

@@ -76,7 +76,7 @@ def test_non_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_routing_counts_demo_prompts_exactly(tmp_path: Path) -> None:
     from backends.base import GenerationRequest
-    from gateway.catalog import PromptCounter
+    from gateway.fleet.catalog import PromptCounter
 
     counter = PromptCounter(DEMO_GGUF)
     chat = GenerationRequest("r", "m", messages=[{"role": "user", "content": "Hello"}])

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
-from gateway import dispatch
-from gateway.dispatch import Deadlines, Target
+from gateway.pipeline import dispatch
+from gateway.pipeline.dispatch import Deadlines, Target
 from tests.fakes import CONNECT_ERROR, UPSTREAM_ERROR, ScriptedBackend
 
 PROMPT = 120

@@ -8,7 +8,7 @@ import pytest
 
 from backends.base import BackendError, ErrorKind
 from backends.http_errors import from_event, from_response
-from gateway.errors import from_backend
+from gateway.http.errors import from_backend
 
 # Bodies as each engine writes them (the engine references, and the real engines run here).
 CASES = [

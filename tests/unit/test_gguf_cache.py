@@ -16,9 +16,9 @@ import backends.ct2_convert as ct2_convert
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufCache
 from backends.text import INLINE_PROMPT_CHARS, sized_work
-from gateway import catalog
-from gateway.catalog import MAX_EXACT_PROMPT_CHARS, PromptCounter, model_specs, prompt_counters
 from gateway.config import load_config
+from gateway.fleet import catalog
+from gateway.fleet.catalog import MAX_EXACT_PROMPT_CHARS, PromptCounter, model_specs, prompt_counters
 from tests.conftest import DEMO_GGUF, write_config
 
 

@@ -38,7 +38,7 @@ from backends.httpclient import (
 )
 from backends.httpclient import connection as http_connection
 from gateway.config import ConfigError, load_config
-from gateway.engines import build_backend
+from gateway.fleet.engines import build_backend
 from tests.conftest import free_port
 from tests.polling import eventually
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob
-from backends.gguf_file import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, Vocabulary
+from backends.gguf_vocab import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, Vocabulary
 from backends.inproc import (
     InProcessEngine,
     LogprobMaker,

@@ -1,4 +1,4 @@
-"""The exact prefix-cache index (routing/kv_exact.py) and the KV-event subscriber (gateway/kv_events.py).
+"""The exact prefix-cache index (routing/kv_exact.py) and the KV-event subscriber (gateway/fleet/kv_events.py).
 
 The subscriber tests run it against a fake vLLM publisher on loopback: an XPUB socket (which hears
 the subscription, so nothing is sent before the subscriber listens) and a ROUTER that replays, both
@@ -23,7 +23,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from gateway.kv_events import KvEventSubscriber, decode_events
+from gateway.fleet.kv_events import KvEventSubscriber, decode_events
 from routing.kv_exact import AllBlocksCleared, BlockRemoved, BlockStored, ExactIndex
 from tests.polling import eventually
 
@@ -245,9 +245,9 @@ def test_malformed_payloads_raise_a_decode_error(body: bytes) -> None:
 
 def test_without_pyzmq_the_import_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "zmq", None)  # what `import zmq` meets when pyzmq is not installed
-    monkeypatch.delitem(sys.modules, "gateway.kv_events")
+    monkeypatch.delitem(sys.modules, "gateway.fleet.kv_events")
     with pytest.raises(ImportError, match=re.escape("pip install 'enginegate[kv-events]'")):
-        importlib.import_module("gateway.kv_events")
+        importlib.import_module("gateway.fleet.kv_events")
 
 
 # ---- subscriber against a fake publisher ---------------------------------------------------------------

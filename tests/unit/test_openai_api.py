@@ -25,8 +25,8 @@ from backends.capabilities import (
     needs,
     without,
 )
-from gateway.errors import ApiError
-from gateway.openai_api import ChatBody, CompletionBody, described, parse_body, to_generation
+from gateway.doors.openai_api import ChatBody, CompletionBody, described, parse_body, to_generation
+from gateway.http.errors import ApiError
 
 MSG = [{"role": "user", "content": "hi"}]
 WEATHER = {

@@ -263,7 +263,7 @@ def test_the_block_size_comes_from_the_config() -> None:
 def test_a_replica_learns_what_the_others_sent_and_skips_its_own_and_malformed_news() -> None:
     import orjson
 
-    from gateway.prefix_share import PrefixShare
+    from gateway.fleet.prefix_share import PrefixShare
 
     learned: list[tuple[str, tuple[int, ...], float]] = []
     counts: dict[str, int] = {}

@@ -43,7 +43,7 @@ def test_reload_keeps_unchanged_backends_and_retires_the_rest(tmp_path: Path) ->
         path = write_config(tmp_path / "c.yaml", CONFIG % 4)
         state = AppState(load_config(path), factory)
         keep = state.fleet.entries["keep"]
-        state.fleet.succeeded(keep, 10.0, 20.0, 1.5)
+        state.fleet.accounts.succeeded(keep, 10.0, 20.0, 1.5)
         learned = keep.observed
         old_change = state.fleet.entries["change"].backend
         write_config(path, (CONFIG % 8).replace("  - {name: drop, engine: ctranslate2, model: m}\n", ""))
@@ -78,19 +78,19 @@ def test_a_rebuilt_backend_is_healthy_at_once_and_the_old_one_closes_after_its_l
         state = AppState(load_config(path), factory)
         fleet = state.fleet
         first = fleet.entries["change"]
-        fleet.sending(first, 10)  # a request streaming from the first build
+        fleet.accounts.sending(first, 10)  # a request streaming from the first build
         write_config(path, CONFIG % 8)
         assert await state.reload() == []
         second = fleet.entries["change"]
         assert second is not first and second.health.ok  # polled before it took traffic
         assert fleet.ready and "change" in {c.name for c in fleet.targets(["change"])}
-        fleet.sending(second, 10)  # and one on the second build
+        fleet.accounts.sending(second, 10)  # and one on the second build
         write_config(path, CONFIG % 16)
         assert await state.reload() == []
         one, two, three = (b for b in built if b.name == "change")
         assert not one.closed and not two.closed  # both still answering
-        fleet.end(first, 10)
-        fleet.end(second, 10)
+        fleet.accounts.end(first, 10)
+        fleet.accounts.end(second, 10)
         await eventually(lambda: one.closed and two.closed, timeout=5)
         assert first.in_flight == second.in_flight == 0
         assert not three.closed and fleet.entries["change"].backend is three
@@ -111,10 +111,10 @@ def test_an_engine_that_reports_waiting_requests_shows_them_as_waiting(tmp_path:
         state = AppState(load_config(path), lambda cfg, loaded: Capped(cfg.name, cfg.model))
         entry = state.fleet.entries["keep"]
         for _ in range(10):
-            state.fleet.sending(entry, 1)
+            state.fleet.accounts.sending(entry, 1)
         await state.fleet.poll_once()
         for _ in range(2):  # two more sent since the poll
-            state.fleet.sending(entry, 1)
+            state.fleet.accounts.sending(entry, 1)
         seen = next(b for b in state.fleet.snapshot().backends if b.name == "keep")
         assert (seen.running, seen.waiting, seen.engine_slots) == (2, 10, 2)
         await state.fleet.aclose()

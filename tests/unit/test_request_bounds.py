@@ -11,8 +11,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.errors import ApiError
-from gateway.openai_api import MAX_STOP_CHARS, ChatBody, CompletionBody, parse_body
+from gateway.doors.openai_api import MAX_STOP_CHARS, ChatBody, CompletionBody, parse_body
+from gateway.http.errors import ApiError
 from routing.features import InvalidHeader, features
 from tests.conftest import write_config
 from tests.fakes import ScriptedBackend, factory, serve_in_thread

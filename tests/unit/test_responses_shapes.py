@@ -16,9 +16,9 @@ import pytest
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, ToolCallDelta, Usage
 from gateway.app import create_app
 from gateway.config import LimitsConfig, load_config
-from gateway.errors import ApiError
-from gateway.responses_api import RESPONSES
-from gateway.responses_events import ResponsesAnswer
+from gateway.doors.responses_api import RESPONSES
+from gateway.doors.responses_events import ResponsesAnswer
+from gateway.http.errors import ApiError
 from tests.conftest import write_config
 from tests.fakes import factory, serve_in_thread
 from tests.scripted_tools import CALL, TEXT, WEATHER, Scripted
@@ -101,7 +101,7 @@ def test_bad_input_is_an_openai_400_naming_the_parameter(fields: dict[str, Any],
 
 
 def _events(answer: ResponsesAnswer, chunks: list[Chunk], fail: BackendError | None = None) -> list[dict[str, Any]]:
-    from gateway.errors import from_backend
+    from gateway.http.errors import from_backend
 
     raw = b"".join(answer.opening())
     usage = None

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Send
 
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
 WATCH_AFTER_S = 0.05

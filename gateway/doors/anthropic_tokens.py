@@ -10,10 +10,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.anthropic_api import parse_conversation, prompt_of
-from gateway.anthropic_events import error_doc
-from gateway.errors import ApiError, model_not_found
-from gateway.openai_api import error_for_json, prompt_texts
+from gateway.doors.anthropic_api import parse_conversation, prompt_of
+from gateway.doors.anthropic_events import error_doc
+from gateway.http.errors import ApiError, error_for_json, model_not_found
+from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from routing.features import estimate_tokens
 

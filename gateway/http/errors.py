@@ -78,3 +78,11 @@ def from_backend(exc: BackendError) -> ApiError:
     status, type_, code = _KIND[exc.kind]
     message = client_text(exc.message)
     return ApiError(status, message, type=type_, param=exc.param, code=code, retry_after=exc.retry_after)
+
+
+def error_for_json(exc: Exception) -> ApiError:
+    return bad_request(
+        "We could not parse the JSON body of your request. The body must be valid JSON "
+        f"with Content-Type: application/json ({exc}).",
+        code="invalid_json",
+    )

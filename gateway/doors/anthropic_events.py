@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from backends.base import Chunk, Usage
-from gateway.errors import ApiError
-from gateway.openai_shapes import UsageTotal
-from gateway.output_blocks import Block, Blocks, Event, Step
+from gateway.doors.output_blocks import Block, Blocks, Event, Step
+from gateway.http.errors import ApiError
+from gateway.pipeline.surfaces import UsageTotal
 
 log = logging.getLogger("enginegate.request")
 

@@ -169,7 +169,7 @@ class _Watch:
 
 Opener = Callable[[Target, GenerationRequest], AsyncIterator[Chunk]]
 """How an attempt starts the target's answer: by default the backend's ``generate``; the gateway's
-shapes it per backend (``gateway.shaping``)."""
+shapes it per backend (``gateway.pipeline.shaping``)."""
 
 
 def _generate(target: Target, request: GenerationRequest) -> AsyncIterator[Chunk]:

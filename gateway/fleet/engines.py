@@ -21,9 +21,12 @@ from gateway.config import (
     CTranslate2Config,
     HttpEngineConfig,
     LlamaCppConfig,
+    LlamaServerConfig,
     LoadedConfig,
     MiiRestConfig,
+    TgiConfig,
     TritonTrtllmConfig,
+    VLLMConfig,
 )
 
 BackendFactory = Callable[[BackendConfig, LoadedConfig], Backend]
@@ -110,9 +113,7 @@ def _http_backend(cfg: HttpEngineConfig, loaded: LoadedConfig) -> Backend:
 
 def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
     """The real engines; tests pass their own factory to ``create_app`` for contract fakes."""
-    if loaded.model(cfg.model).kind == "embed":  # the engine's embedding adapter (gateway/embeddings.py)
-        from gateway.embeddings import build_embedder
-
+    if loaded.model(cfg.model).kind == "embed":  # the engine's embedding adapter (``build_embedder``)
         http = None if isinstance(cfg, CTranslate2Config | LlamaCppConfig) else _http_settings(cfg, loaded)
         return build_embedder(cfg, loaded, http)
     if not isinstance(cfg, CTranslate2Config | LlamaCppConfig):
@@ -148,3 +149,34 @@ def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
             ggufs=loaded.ggufs, tool_parser=model.tool_parser or "hermes",
         )  # fmt: skip
     raise ConfigError([f"{loaded.path}: backend {cfg.name}: unknown engine"])
+
+
+def build_embedder(cfg: BackendConfig, loaded: LoadedConfig, http: HttpSettings | None) -> Backend:
+    """A backend of an embedding model (``kind: embed``): the engine's embedding adapter."""
+    if isinstance(cfg, LlamaCppConfig):
+        from backends.embed_llamacpp import LlamaCppEmbedder
+
+        model = loaded.model(cfg.model)
+        assert model.gguf is not None  # checked by config validation
+        return LlamaCppEmbedder(
+            cfg.name, model.name, loaded.resolve(model.gguf), threads=cfg.threads, n_ctx=cfg.n_ctx,
+            max_queue=cfg.max_queue, ggufs=loaded.ggufs,
+        )  # fmt: skip
+    if isinstance(cfg, CTranslate2Config):  # the embedded default: the model's own token embeddings
+        from backends.embed_static import StaticEmbedder
+
+        model = loaded.model(cfg.model)
+        assert model.gguf is not None  # checked by config validation
+        return StaticEmbedder(cfg.name, model.name, loaded.resolve(model.gguf), loaded.ggufs)
+    if http is not None and isinstance(cfg, VLLMConfig | LlamaServerConfig | TgiConfig):
+        from backends.embed_http import LlamaServerEmbeddings, TeiEmbeddings, VLLMEmbeddings
+
+        kind = {VLLMConfig: VLLMEmbeddings, LlamaServerConfig: LlamaServerEmbeddings, TgiConfig: TeiEmbeddings}
+        return kind[type(cfg)](cfg.name, cfg.model, http)
+    raise ConfigError(
+        [
+            f"{loaded.path}: backend {cfg.name}: engine {cfg.engine} cannot serve the embedding model {cfg.model} "
+            "(embedding engines: ctranslate2 (static), llama_cpp, vllm, llama_server, tgi for text-embeddings-"
+            "inference)"
+        ]
+    )

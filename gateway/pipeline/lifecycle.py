@@ -18,17 +18,17 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, cast
 
 from backends.base import BackendError, ErrorKind, Usage
-from gateway.dispatch import Committed, Target
-from gateway.errors import ApiError
-from gateway.fleet import Entry
-from gateway.streaming import ClientGone
+from gateway.fleet.entry import Entry
+from gateway.http.errors import ApiError
+from gateway.http.exchange import ClientGone
+from gateway.pipeline.dispatch import Committed, Target
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gateway.http.exchange import Exchange
     from gateway.state import AppState
-    from gateway.streaming import Exchange
 
 log = logging.getLogger("enginegate.request")
 
@@ -84,9 +84,9 @@ class RequestLife:
             # Only the prompt tokens not expected in the engine's cache wait to be prefilled there.
             cached = self._predicted(target.name)
             blocks = min(len(f.prefix_blocks), int(cached / f.block_tokens)) if f.block_tokens > 0 else 0
-            self._sent[target.name] = (prompt_tokens - cached, self.state.fleet.remember(entry, f, blocks))
+            self._sent[target.name] = (prompt_tokens - cached, self.state.fleet.accounts.remember(entry, f, blocks))
             prompt_tokens -= cached
-        self.state.fleet.sending(entry, prompt_tokens)
+        self.state.fleet.accounts.sending(entry, prompt_tokens)
 
     def _predicted(self, backend: str) -> int:
         decision = self.decision
@@ -102,7 +102,7 @@ class RequestLife:
         # When each attempt's first token came: a whole answer commits at its end, but its time to
         # first token (what the estimator learns and the histogram shows) is this moment.
         self._firsts[target.name] = time.perf_counter()
-        self.state.fleet.first_token(cast(Entry, target), self._fresh(target, prompt_tokens))
+        self.state.fleet.accounts.first_token(cast(Entry, target), self._fresh(target, prompt_tokens))
 
     def failed(self, target: Target, error: BackendError) -> None:
         self.failures.append((target.name, error))
@@ -111,7 +111,7 @@ class RequestLife:
         # A timeout on an engine that is queueing is its queue, not a fault: its breaker stays shut.
         queueing = error.kind is ErrorKind.TIMEOUT and self.state.fleet.queue_wait_s(entry) is not None
         if error.engine_fault and not queueing:
-            self.state.fleet.failed(entry)
+            self.state.fleet.accounts.failed(entry)
         log.warning(
             "attempt failed",
             extra={
@@ -123,7 +123,7 @@ class RequestLife:
         )
 
     def end(self, target: Target, prompt_tokens: int = 0) -> None:
-        self.state.fleet.end(cast(Entry, target), self._fresh(target, prompt_tokens))
+        self.state.fleet.accounts.end(cast(Entry, target), self._fresh(target, prompt_tokens))
 
     def queued(self, target: Target) -> float | None:
         return self.state.fleet.queue_wait_s(cast(Entry, target))
@@ -157,7 +157,7 @@ class RequestLife:
         """The committed backend's answer ended: whole, or cut short because the client left."""
         entry = self.entry
         assert entry is not None
-        self.state.fleet.end(entry)
+        self.state.fleet.accounts.end(entry)
         if not self._open():
             return
         tokens = usage.completion_tokens if usage else 0
@@ -167,7 +167,7 @@ class RequestLife:
         if decision is not None:
             predicted = next((c.prediction.prior_ttft_ms for c in decision.candidates if c.backend == entry.name), None)
         ttft_ms = self.ttft_s * 1000
-        self.state.fleet.succeeded(
+        self.state.fleet.accounts.succeeded(
             entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000,
             usage.completion_tokens if usage is not None and not cancelled else None,
         )  # fmt: skip
@@ -184,17 +184,17 @@ class RequestLife:
         self.state.metrics.cached(entry.name, cached_tokens)
         sent, f = self._sent.get(entry.name), self.features
         if sent is not None and f is not None:
-            self.state.fleet.cached(entry, sent[1], cached_tokens, f.block_tokens)
+            self.state.fleet.accounts.cached(entry, sent[1], cached_tokens, f.block_tokens)
 
     def broke(self, error: BackendError | None, usage: Usage | None = None) -> None:
         """A committed stream failed after its first byte: the engine (``error``), or the gateway (None)."""
         entry = self.entry
         assert entry is not None
-        self.state.fleet.end(entry)
+        self.state.fleet.accounts.end(entry)
         if error is not None:
             self.state.metrics.attempt(entry.name, error.kind.value)
             if error.engine_fault:
-                self.state.fleet.failed(entry)
+                self.state.fleet.accounts.failed(entry)
         if self._open():
             log.warning(
                 "stream failed after commit",

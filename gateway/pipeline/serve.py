@@ -17,21 +17,19 @@ import orjson
 
 from backends.base import BackendError, Chunk, GenerationRequest, Usage
 from backends.capabilities import needs, without
-from gateway import dispatch
-from gateway.dispatch import Deadlines
-from gateway.errors import ApiError, from_backend, model_not_found
-from gateway.lifecycle import RequestLife
-from gateway.openai_api import error_for_json, prompt_texts
-from gateway.openai_shapes import UsageTotal
-from gateway.shaping import default_length, open_answer
-from gateway.streaming import Exchange
-from gateway.surfaces import Answer, Surface
+from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
+from gateway.http.exchange import Exchange
+from gateway.pipeline import dispatch
+from gateway.pipeline.dispatch import Deadlines
+from gateway.pipeline.lifecycle import RequestLife
+from gateway.pipeline.shaping import default_length, open_answer
+from gateway.pipeline.surfaces import Answer, Surface, UsageTotal
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Decision, FleetSnapshot, Reason
 
 if TYPE_CHECKING:
-    from gateway.fleet import Entry
+    from gateway.fleet.entry import Entry
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
@@ -97,6 +95,19 @@ def no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras
         code="no_backend_available",
         retry_after=1.0,
     )
+
+
+def prompt_texts(req: GenerationRequest) -> list[str]:
+    """The texts of a request's prompt, as routing measures and matches them."""
+    if req.messages is None:
+        return [req.prompt or ""]
+    texts = []
+    for m in req.messages:
+        content = m["content"]
+        texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
+        for call in m.get("tool_calls") or ():
+            texts.append(call["function"]["arguments"])
+    return texts
 
 
 async def serve(

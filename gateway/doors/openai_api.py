@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.errors import ApiError, bad_request
+from gateway.http.errors import ApiError, bad_request
 
 # Bounds on what a body may hold, checked on the decoded JSON before validation (validating 100,000
 # messages took 0.7 s of event loop to refuse them): OpenAI's 4 stop sequences, each at most
@@ -450,18 +450,6 @@ def to_generation(
     )
 
 
-def prompt_texts(req: GenerationRequest) -> list[str]:
-    if req.messages is None:
-        return [req.prompt or ""]
-    texts = []
-    for m in req.messages:
-        content = m["content"]
-        texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
-        for call in m.get("tool_calls") or ():
-            texts.append(call["function"]["arguments"])
-    return texts
-
-
 def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
     """What the caller said about itself, for the request log: OpenAI's ``user``, ``metadata`` and
     ``safety_identifier`` take effect there (the gateway's record of who asked)."""
@@ -474,11 +462,3 @@ def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
         if body.safety_identifier is not None:
             out["safety_identifier"] = body.safety_identifier
     return out
-
-
-def error_for_json(exc: Exception) -> ApiError:
-    return bad_request(
-        "We could not parse the JSON body of your request. The body must be valid JSON "
-        f"with Content-Type: application/json ({exc}).",
-        code="invalid_json",
-    )

@@ -3,7 +3,7 @@
 The body becomes a chat ``GenerationRequest`` (``instructions`` a system message first; input
 messages, ``function_call`` items as the assistant's ``tool_calls`` and ``function_call_output``
 items as tool messages; function tools, ``tool_choice``, ``text.format`` as ``response_format``);
-the answer's chunks become a Response object or its typed stream events (``gateway.responses_events``).
+the answer's chunks become a Response object or its typed stream events (``gateway.doors.responses_events``).
 Nothing is stored: ``store: true``, ``previous_response_id``, item references and conversations are
 refused by name. Fields outside the spec go to ``extra`` as they do for chat (engines that know them
 take them, else the routing refuses them by name).
@@ -17,12 +17,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.body_errors import deepest, param_path
 from gateway.config import LimitsConfig
-from gateway.errors import ApiError, bad_request
-from gateway.openai_api import MAX_METADATA, MAX_TOOLS, NAME_PATTERN
-from gateway.responses_events import ResponsesAnswer
-from gateway.surfaces import Asked
+from gateway.doors.body_errors import deepest, param_path
+from gateway.doors.openai_api import MAX_METADATA, MAX_TOOLS, NAME_PATTERN
+from gateway.doors.responses_events import ResponsesAnswer
+from gateway.http.errors import ApiError, bad_request
+from gateway.pipeline.surfaces import Asked
 
 
 class _Strict(BaseModel):

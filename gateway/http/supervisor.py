@@ -3,7 +3,7 @@
 - **SIGHUP** reloads the config in every worker (forwarded to each; a worker's lifespan reloads on
   it), where uvicorn's own supervisor would restart every worker, dropping their pools, learned
   estimates and breakers for a config change.
-- **SIGTERM** (or SIGINT, without the delay) drains: each worker drains itself (``gateway/drain.py``);
+- **SIGTERM** (or SIGINT, without the delay) drains: each worker drains itself (``gateway/http/drain.py``);
   after ``server.drain_delay_s`` the supervisor shuts the listening socket all workers share down,
   so new connections are refused rather than left in its backlog. The workers never touch that
   socket themselves: one that is restarted alone (it died) must not take the others' listener.

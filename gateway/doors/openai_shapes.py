@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import Chunk, TokenLogprob, ToolCallDelta, Usage
+from gateway.pipeline.surfaces import UsageTotal
 
 
 def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
@@ -26,34 +27,6 @@ def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
     if usage.cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
     return out
-
-
-class UsageTotal:
-    """The request's usage from its choices' usage: each choice's completion tokens summed, the
-    prompt counted once (an engine answering ``n`` itself reports the total on one choice)."""
-
-    __slots__ = ("_by_choice",)
-
-    def __init__(self) -> None:
-        self._by_choice: dict[int, Usage] = {}
-
-    def add(self, chunk: Chunk) -> None:
-        if chunk.usage is not None:
-            self._by_choice[chunk.index] = chunk.usage
-
-    @property
-    def usage(self) -> Usage | None:
-        usages = self._by_choice.values()
-        if not usages:
-            return None
-        if len(usages) == 1:
-            return next(iter(usages))
-        cached = [u.cached_tokens for u in usages if u.cached_tokens is not None]
-        return Usage(
-            max(u.prompt_tokens for u in usages),
-            sum(u.completion_tokens for u in usages),
-            max(cached) if cached else None,
-        )
 
 
 def _bytes(b: tuple[int, ...] | None) -> list[int] | None:

@@ -19,12 +19,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.anthropic_events import AnthropicAnswer, error_doc
-from gateway.body_errors import deepest, param_path
 from gateway.config import LimitsConfig
-from gateway.errors import ApiError, bad_request
-from gateway.openai_api import MAX_STOP_CHARS, MAX_STOPS, MAX_TOOLS, NAME_PATTERN
-from gateway.surfaces import Asked
+from gateway.doors.anthropic_events import AnthropicAnswer, error_doc
+from gateway.doors.body_errors import deepest, param_path
+from gateway.doors.openai_api import MAX_STOP_CHARS, MAX_STOPS, MAX_TOOLS, NAME_PATTERN
+from gateway.http.errors import ApiError, bad_request
+from gateway.pipeline.surfaces import Asked
 
 
 class _Strict(BaseModel):

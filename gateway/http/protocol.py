@@ -16,20 +16,18 @@ import random
 import resource
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gateway.config import ServerConfig
-from gateway.errors import ApiError
+from gateway.config import GatewayConfig, ServerConfig
+from gateway.http.errors import ApiError
 
 if TYPE_CHECKING:
     import asyncio
-
-    from gateway.state import AppState
 
 log = logging.getLogger("enginegate.http")
 
@@ -169,7 +167,24 @@ def _json_post(ctype: bytes | None, headers: list[tuple[bytes, bytes]]) -> bool:
     return True
 
 
-def _app_state(app: Any) -> AppState | None:
+class _Counted(Protocol):
+    def other_request(self, route: str, status: int) -> None: ...
+
+
+class Served(Protocol):
+    """What the connection layer reads of the gateway it serves (``gateway.state.AppState``): its
+    server settings, whether it is draining, and the counter of the responses it writes itself."""
+
+    draining: bool
+
+    @property
+    def config(self) -> GatewayConfig: ...
+
+    @property
+    def metrics(self) -> _Counted: ...
+
+
+def _app_state(app: Any) -> Served | None:
     """The gateway's state behind uvicorn's middleware wrappers (None for another app)."""
     for _ in range(8):
         state = getattr(app, "state", None)
@@ -184,7 +199,7 @@ def _app_state(app: Any) -> AppState | None:
 class Guard:
     """The limits and the one deadline sweep shared by every connection of a server."""
 
-    def __init__(self, limits: Limits, state: AppState | None, server_state: ServerState, loop: Any) -> None:
+    def __init__(self, limits: Limits, state: Served | None, server_state: ServerState, loop: Any) -> None:
         self.limits = limits
         self.state = state
         self.connections = server_state.connections

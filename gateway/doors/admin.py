@@ -23,10 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.base import GenerationRequest
-from gateway.errors import ApiError, bad_request
-from gateway.openai_api import prompt_texts
+from gateway.http.errors import ApiError, bad_request
+from gateway.http.supervisor import SUPERVISOR_ENV
+from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
-from gateway.supervisor import SUPERVISOR_ENV
 from gateway.tenancy.gate import Tenancy
 from gateway.tenancy.guard import AdminGuard
 from gateway.tenancy.manage import BadKeySpec, create, revoke, summarize, update, validate

@@ -1,11 +1,10 @@
 """The running fleet: one entry per backend with what the gateway knows about it now.
 
-A poller asks every backend for health and load on an interval (never a billed
-completion). Requests report their outcome: time to first token and per token
-feed the estimator, failures the circuit breaker. Routing reads it all as a
-``FleetSnapshot``. ``reconcile`` builds the entries of a new config, keeping
-backends whose settings did not change (their connection pools, learned
-estimates and breakers survive), and hands back the ones to retire.
+A poller asks every backend for health and load on an interval (never a billed completion).
+Requests report their outcome to ``Fleet.accounts`` (``accounting``): time to first token and per
+token feed the estimator, failures the circuit breaker. Routing reads it all as a ``FleetSnapshot``.
+``reconcile`` builds the entries of a new config, keeping backends whose settings did not change
+(their connection pools, learned estimates and breakers survive), and hands back the ones to retire.
 """
 
 from __future__ import annotations
@@ -13,65 +12,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from backends.base import Backend, BackendError, Health, Load
-from backends.capabilities import PLAIN, Capabilities, capabilities_of
-from gateway.breaker import CircuitBreaker
-from gateway.catalog import capabilities, model_specs, profile
-from gateway.config import BackendConfig, ConfigError, LoadedConfig
-from gateway.engines import BackendFactory
-from gateway.prefix_share import PrefixShare
-from routing.estimator import kv_capacity_tokens, observe, typical_output
+from backends.base import Backend, BackendError, Health
+from backends.capabilities import capabilities_of
+from gateway.config import ConfigError, LoadedConfig
+from gateway.fleet.accounting import Accounts
+from gateway.fleet.breaker import CircuitBreaker
+from gateway.fleet.catalog import capabilities, model_specs, profile
+from gateway.fleet.engines import BackendFactory
+from gateway.fleet.entry import Entry
+from routing.estimator import typical_output
 from routing.kv_exact import ExactIndex
 from routing.load import current as current_load
-from routing.prefix import PrefixIndex
-from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Observed, RequestFeatures
+from routing.types import BackendState, FleetSnapshot, ModelSpec
 
 if TYPE_CHECKING:
-    from gateway.kv_events import KvEventSubscriber
+    from gateway.fleet.kv_events import KvEventSubscriber
 
 log = logging.getLogger("enginegate.fleet")
-
-
-@dataclass
-class Entry:
-    config: BackendConfig
-    backend: Backend
-    profile: BackendProfile
-    health: Health = field(default_factory=lambda: Health(ok=False, detail="not polled yet"))
-    load: Load | None = None
-    load_at: float = 0.0
-    observed: Observed = field(default_factory=Observed)
-    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
-    in_flight: int = 0
-    """Requests this gateway has sent there and not finished (from the attempt's start)."""
-    in_flight_at_poll: int = 0
-    prefill_backlog: int = 0
-    """Prompt tokens of those requests that have no first token yet."""
-    drained: asyncio.Event | None = None
-    """Set once this entry, retired by a reload, has no request left (its pool then closes)."""
-    engine_slots: int | None = None
-    """How many requests the engine runs at once, learned from its gauges: its running count when
-    it reported requests waiting (an engine started with a lower cap than the config says)."""
-    prefix: PrefixIndex | None = None
-    """The prompt blocks the gateway expects the engine to hold (made with the entry's first request)."""
-    capabilities: Capabilities = PLAIN
-    """What the backend honours (adapter, config and model entry together): routing reads its
-    ``features`` from the profile; dispatch reads how to shape the answer (``n``, tools in text)."""
-    exact: ExactIndex | None = None
-    """What the engine holds, from its KV-cache events (``backends[].kv_events``, vLLM)."""
-    events: KvEventSubscriber | None = None
-    events_task: asyncio.Task[None] | None = None
-
-    def __post_init__(self) -> None:
-        self.breaker.name = self.config.name
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
 
 def reconcile(
@@ -121,8 +81,8 @@ class Fleet:
         self._retiring: set[asyncio.Task[None]] = set()
         self.after_poll: Callable[[], None] = lambda: None
         """Called after every poll (metrics refresh their backend gauges from it)."""
-        self.share: PrefixShare | None = None
-        """``routing.prefix.share``: the other replicas hear where this one sent each prompt's blocks."""
+        self.accounts = Accounts(lambda: self.entries, lambda: self.models)
+        """What the requests sent to each backend report (in flight, latencies, breaker, prefix blocks)."""
 
     @property
     def backends(self) -> dict[str, Backend]:
@@ -206,61 +166,6 @@ class Fleet:
     def ready(self) -> bool:
         return any(e.health.ok for e in self.entries.values())
 
-    # Attempts are counted on the entry they were sent to, not by name: a reload may replace the
-    # entry of that name meanwhile, and the retired one must still see its requests end.
-    def sending(self, entry: Entry, prompt_tokens: int) -> None:
-        """An attempt on ``entry`` starts: it is in flight and its prompt waits to be prefilled."""
-        entry.in_flight += 1
-        entry.prefill_backlog += prompt_tokens
-
-    def remember(self, entry: Entry, features: RequestFeatures, cached_blocks: int) -> list[float]:
-        """The prompt of ``features`` goes to ``entry``: its blocks join what the engine is expected to
-        hold. Returns the ages of the ``cached_blocks`` blocks routing expected there (to judge the
-        engine's report with)."""
-        index = self._index(entry)
-        ages = index.ages(features.prefix_blocks, cached_blocks)
-        index.add(features.prefix_blocks, features.block_tokens)
-        if self.share is not None:
-            self.share.sent(entry.name, features.prefix_blocks, features.block_tokens)
-        return ages
-
-    def learn(self, backend: str, keys: Sequence[int], block_tokens: float) -> None:
-        """Another replica sent a prompt of ``keys`` to ``backend``: the engine holds its blocks now."""
-        entry = self.entries.get(backend)
-        if entry is not None:
-            self._index(entry).add(keys, block_tokens)
-
-    def _index(self, entry: Entry) -> PrefixIndex:
-        """The entry's prefix index, made with its first prompt, sized by its model's KV capacity."""
-        if entry.prefix is None:
-            model = self.models.get(entry.config.model)
-            entry.prefix = PrefixIndex(kv_capacity_tokens(model, entry.profile) if model else 0.0)
-        return entry.prefix
-
-    def cached(self, entry: Entry, ages: list[float], cached_tokens: int, block_tokens: float) -> None:
-        """The engine reported the prompt tokens it reused: the expected cache size follows."""
-        if entry.prefix is not None:
-            entry.prefix.reported(ages, cached_tokens, block_tokens)
-
-    def first_token(self, entry: Entry, prompt_tokens: int) -> None:
-        entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
-
-    def end(self, entry: Entry, prompt_tokens: int = 0) -> None:
-        """An attempt ended; ``prompt_tokens`` when it ended before its first token."""
-        entry.in_flight = max(0, entry.in_flight - 1)
-        entry.prefill_backlog = max(0, entry.prefill_backlog - prompt_tokens)
-        if entry.in_flight == 0 and entry.drained is not None:
-            entry.drained.set()
-
-    def succeeded(
-        self, entry: Entry, prior_ttft_ms: float, ttft_ms: float, tpot_ms: float | None, out_tokens: int | None = None
-    ) -> None:
-        entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms, out_tokens)
-        entry.breaker.success()
-
-    def failed(self, entry: Entry) -> None:
-        entry.breaker.failure()
-
     def targets(self, names: Iterable[str]) -> list[Entry]:
         """The current entries of these backend names, in order (names a reload removed are skipped)."""
         entries = self.entries
@@ -306,7 +211,7 @@ class Fleet:
         events = getattr(entry.config, "kv_events", None)
         if events is None or entry.events_task is not None:
             return
-        from gateway.kv_events import KvEventSubscriber  # pyzmq and msgspec: checked with the config
+        from gateway.fleet.kv_events import KvEventSubscriber  # pyzmq and msgspec: checked with the config
 
         entry.exact = ExactIndex()
         entry.events = KvEventSubscriber(
@@ -327,12 +232,12 @@ class Fleet:
         self._task = asyncio.create_task(self._poll_forever(), name="fleet-poller")
         for entry in self.entries.values():
             self._listen(entry)
-        if self.share is not None:
-            await self.share.start()
+        if self.accounts.share is not None:
+            await self.accounts.share.start()
 
     async def aclose(self) -> None:
-        if self.share is not None:
-            await self.share.aclose()
+        if self.accounts.share is not None:
+            await self.accounts.share.aclose()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

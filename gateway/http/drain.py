@@ -19,11 +19,12 @@ import asyncio
 import logging
 import signal
 from types import FrameType
+from typing import Protocol, runtime_checkable
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from gateway.app import Gateway, from_environment
+from gateway.http.protocol import Served
 
 log = logging.getLogger("enginegate.drain")
 
@@ -31,8 +32,19 @@ SETTLE_S = 3.0
 """After the grace, what the ended requests get to send their last words before uvicorn cancels."""
 
 
+@runtime_checkable
+class Drainable(Protocol):
+    """The app a drain stops (``gateway.app.Gateway``): the gateway it serves, and the generation
+    requests still running."""
+
+    @property
+    def state(self) -> Served: ...
+
+    def end_requests(self) -> int: ...
+
+
 class Drain:
-    def __init__(self, server: uvicorn.Server, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, server: uvicorn.Server, gateway: Drainable, loop: asyncio.AbstractEventLoop) -> None:
         self.server = server
         self.gateway = gateway
         self.loop = loop
@@ -70,7 +82,7 @@ class Drain:
         self._stopping = True
         self.server.should_exit = True  # uvicorn closes the listener on its next tick (0.1 s)
         # Under --workers the listening socket is shared: the supervisor shuts it down when it stops
-        # (gateway/supervisor.py); a worker restarted on its own must leave it to the others.
+        # (gateway/http/supervisor.py); a worker restarted on its own must leave it to the others.
         self.loop.call_later(self.grace_s + 0.1, self._end)
 
     def _end(self) -> None:
@@ -83,13 +95,8 @@ def attach(app: ASGIApp) -> ASGIApp:
     """Take over the running uvicorn server's SIGTERM/SIGINT handling for ``app`` (a ``Gateway``).
     Call it while uvicorn loads the app (from an app factory)."""
     server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
-    if isinstance(server, uvicorn.Server) and isinstance(app, Gateway):
+    if isinstance(server, uvicorn.Server) and isinstance(app, Drainable):
         Drain(server, app, asyncio.get_running_loop()).install()
     else:
         log.warning("no graceful drain: not started by enginegate serve")
     return app
-
-
-def worker_app() -> ASGIApp:
-    """The app factory of each ``serve --workers`` process."""
-    return attach(from_environment())

@@ -6,7 +6,7 @@ of ``kind: embed``, and then the request is a generation request's twin: ``choos
 backends serving the model, dispatch tries them in order until one answers (an embedding is a whole
 answer of one piece, under ``routing.answer_timeout_s``, failing over before the first byte), a
 client that leaves cancels it, and ``RequestLife`` counts it under the ``embeddings`` route and
-logs it. Backends of an embedding model are built as embedders (``build_embedder``).
+logs it. Backends of an embedding model are built as embedders (``gateway.fleet.engines.build_embedder``).
 """
 
 from __future__ import annotations
@@ -21,27 +21,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.embed_base import Embedder, EmbedRequest, EmbedResult, normalized
-from backends.http_base import HttpSettings
-from gateway import dispatch
-from gateway.body_errors import deepest, param_path
-from gateway.completions import no_candidates
-from gateway.config import (
-    BackendConfig,
-    ConfigError,
-    CTranslate2Config,
-    LlamaCppConfig,
-    LlamaServerConfig,
-    LoadedConfig,
-    TgiConfig,
-    VLLMConfig,
-)
-from gateway.dispatch import Deadlines
-from gateway.errors import ApiError, bad_request, from_backend, model_not_found
-from gateway.lifecycle import RequestLife
-from gateway.openai_api import error_for_json
-from gateway.streaming import Exchange
+from gateway.doors.body_errors import deepest, param_path
+from gateway.http.errors import ApiError, bad_request, error_for_json, from_backend, model_not_found
+from gateway.http.exchange import Exchange
+from gateway.pipeline import dispatch
+from gateway.pipeline.dispatch import Deadlines
+from gateway.pipeline.lifecycle import RequestLife
+from gateway.pipeline.serve import no_candidates
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Reason
@@ -221,34 +209,3 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, life
     payload = orjson.dumps(doc)
     life.overhead_header(request.clock.waited_s)
     await ex.respond(200, payload)
-
-
-def build_embedder(cfg: BackendConfig, loaded: LoadedConfig, http: HttpSettings | None) -> Backend:
-    """A backend of an embedding model (``kind: embed``): the engine's embedding adapter."""
-    if isinstance(cfg, LlamaCppConfig):
-        from backends.embed_llamacpp import LlamaCppEmbedder
-
-        model = loaded.model(cfg.model)
-        assert model.gguf is not None  # checked by config validation
-        return LlamaCppEmbedder(
-            cfg.name, model.name, loaded.resolve(model.gguf), threads=cfg.threads, n_ctx=cfg.n_ctx,
-            max_queue=cfg.max_queue, ggufs=loaded.ggufs,
-        )  # fmt: skip
-    if isinstance(cfg, CTranslate2Config):  # the embedded default: the model's own token embeddings
-        from backends.embed_static import StaticEmbedder
-
-        model = loaded.model(cfg.model)
-        assert model.gguf is not None  # checked by config validation
-        return StaticEmbedder(cfg.name, model.name, loaded.resolve(model.gguf), loaded.ggufs)
-    if http is not None and isinstance(cfg, VLLMConfig | LlamaServerConfig | TgiConfig):
-        from backends.embed_http import LlamaServerEmbeddings, TeiEmbeddings, VLLMEmbeddings
-
-        kind = {VLLMConfig: VLLMEmbeddings, LlamaServerConfig: LlamaServerEmbeddings, TgiConfig: TeiEmbeddings}
-        return kind[type(cfg)](cfg.name, cfg.model, http)
-    raise ConfigError(
-        [
-            f"{loaded.path}: backend {cfg.name}: engine {cfg.engine} cannot serve the embedding model {cfg.model} "
-            "(embedding engines: ctranslate2 (static), llama_cpp, vllm, llama_server, tgi for text-embeddings-"
-            "inference)"
-        ]
-    )
