@@ -1,4 +1,4 @@
-"""Deployment files, checked offline: hadolint, compose config, Kubernetes schemas, the routing YAML inside."""
+"""Deployment files, checked offline: hadolint, compose config, the routing YAML they ship (Kubernetes: test_k8s.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tools.render_kustomize import render
 
 BIN = Path(sys.executable).parent
 
@@ -65,70 +63,6 @@ def config_check(path: Path) -> subprocess.CompletedProcess[str]:
 def test_shipped_configs_pass_config_check(config: str) -> None:
     result = config_check(ROOT / config)
     assert result.returncode == 0, result.stderr
-
-
-def kinds(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
-
-
-@pytest.mark.parametrize("base", ["deploy/k8s/gateway", "deploy/k8s/engines"])
-def test_kustomize_bases_render_and_validate_strictly(base: str, tmp_path: Path) -> None:
-    docs = render(ROOT / base)
-    schema_checked = [d for d in docs if d["apiVersion"] != "monitoring.coreos.com/v1"]
-    rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(yaml.safe_dump_all(schema_checked))
-    result = run(str(BIN / "kubernetes-validate"), "--strict", "--quiet", str(rendered))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert all(d["metadata"]["namespace"] for d in docs)
-
-
-def test_gateway_manifests_fit_together() -> None:
-    objs = kinds(render(ROOT / "deploy/k8s/gateway"))
-    deployment, service = objs["Deployment/enginegate"], objs["Service/enginegate"]
-    pod = deployment["spec"]["template"]
-    container = pod["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert objs["PodDisruptionBudget/enginegate"]["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-    assert objs["HorizontalPodAutoscaler/enginegate"]["spec"]["scaleTargetRef"]["name"] == "enginegate"
-    # The ServiceMonitor is a CRD without a bundled schema: check it against what it must select.
-    monitor = objs["ServiceMonitor/enginegate"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
-    mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert mounted["config"]["configMap"]["name"] == "enginegate-config"
-    assert container["args"][:2] == ["--config", "/etc/enginegate/config.yaml"]
-    # Several workers share metrics through a directory, which must be a writable volume (read-only root).
-    assert "--workers" in container["args"] and container["securityContext"]["readOnlyRootFilesystem"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert "emptyDir" in mounted[mounts[env["PROMETHEUS_MULTIPROC_DIR"]]]
-
-
-def test_engine_deployments_request_gpus_where_they_need_them() -> None:
-    objs = kinds(render(ROOT / "deploy/k8s/engines"))
-    gpus = {
-        name.split("/")[1]: d["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"].get(
-            "nvidia.com/gpu", 0
-        )
-        for name, d in objs.items()
-        if name.startswith("Deployment/")
-    }
-    assert gpus == {"vllm": 1, "vllm-70b": 4, "tgi": 1, "trtllm": 1, "llamacpp": 0}
-
-
-def test_routing_yaml_in_the_configmap_passes_config_check(tmp_path: Path) -> None:
-    configmap = kinds(render(ROOT / "deploy/k8s/gateway"))["ConfigMap/enginegate-config"]
-    path = tmp_path / "config.yaml"
-    path.write_text(configmap["data"]["config.yaml"])
-    result = config_check(path)
-    assert result.returncode == 0, result.stderr
-    # and every backend URL names a Service of the engine base
-    services = {n.split("/")[1] for n in kinds(render(ROOT / "deploy/k8s/engines")) if n.startswith("Service/")}
-    for backend in yaml.safe_load(configmap["data"]["config.yaml"])["backends"]:
-        host = backend["url"].split("//")[1].split(".")[0]
-        assert host in services, backend["name"]
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource() -> None:
