@@ -211,3 +211,33 @@ def test_engine_deployments_request_gpus_where_they_need_them() -> None:
         if name.startswith("Deployment/")
     }
     assert gpus == {"vllm": 1, "vllm-70b": 4, "tgi": 1, "trtllm": 1, "llamacpp": 0}
+
+
+def test_envoy_ai_gateway_recipe_sends_the_models_to_the_ha_gateway() -> None:
+    """deploy/envoy-ai-gateway: its references resolve, it names the ha Service and its models, and
+    its limits leave enginegate's own in charge (whole answers, whole bodies)."""
+    edge = {f"{d['kind']}/{d['metadata']['name']}": d for d in render("deploy/envoy-ai-gateway")}
+    ha, config = objects("deploy/k8s/gateway/ha"), config_of("deploy/k8s/gateway/ha")
+    route = edge["AIGatewayRoute/enginegate"]["spec"]
+    [rule] = route["rules"]
+    models = {h["value"] for m in rule["matches"] for h in m["headers"] if h["name"] == "x-ai-eg-model"}
+    assert models == {m["name"] for m in config["models"]}
+    [ref] = rule["backendRefs"]
+    backend = edge[f"AIServiceBackend/{ref['name']}"]["spec"]
+    assert backend["schema"]["name"] == "OpenAI"
+    [endpoint] = edge[f"Backend/{backend['backendRef']['name']}"]["spec"]["endpoints"]
+    service = ha["Service/enginegate"]
+    assert endpoint["fqdn"]["hostname"] == f"enginegate.{service['metadata']['namespace']}.svc.cluster.local"
+    assert endpoint["fqdn"]["port"] in {p["port"] for p in service["spec"]["ports"]}
+    policy = edge["BackendSecurityPolicy/enginegate-key"]["spec"]
+    assert policy["targetRefs"][0]["name"] == ref["name"] and config["auth"]["required"]
+    # Envoy must not end an answer enginegate still allows (routing.answer_timeout_s, default 600 s)...
+    answer_s = config["routing"].get("answer_timeout_s", 600)
+    assert float(rule["timeouts"]["request"].removesuffix("s")) > answer_s
+    # ...nor refuse a body enginegate takes (limits.max_body_bytes, default 4 MiB).
+    buffer = edge["ClientTrafficPolicy/enginegate-edge"]["spec"]["connection"]["bufferLimit"]
+    assert int(buffer.removesuffix("Mi")) * 2**20 >= config.get("limits", {}).get("max_body_bytes", 4 * 2**20)
+    # The per-user token limits read a cost the route records.
+    costs = {c["metadataKey"] for c in route["llmRequestCosts"]}
+    rules = edge["BackendTrafficPolicy/enginegate-edge-token-limits"]["spec"]["rateLimit"]["global"]["rules"]
+    assert {r["cost"]["response"]["metadata"]["key"] for r in rules} <= costs
