@@ -1,18 +1,22 @@
-"""Deployment files, checked offline: hadolint, compose config, Kubernetes schemas, the routing YAML inside."""
+"""Deployment files, checked offline: hadolint, compose config, the routing YAML they ship (Kubernetes: test_k8s.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from gateway.drain import SETTLE_S
 from tests.conftest import ROOT
-from tools.render_kustomize import render
 
 BIN = Path(sys.executable).parent
 
@@ -31,30 +35,100 @@ def test_image_runs_as_non_root_with_a_readiness_healthcheck() -> None:
     assert "USER 10001" in text and "/readyz" in text and text.count("FROM ") == 2
 
 
-@pytest.mark.parametrize(
-    ("profile", "services"),
-    [
-        ("gpu", {"gateway", "vllm", "tgi", "trtllm", "llamacpp", "prometheus", "grafana", "redis"}),
-        ("cpu", {"gateway-cpu", "llamacpp", "prometheus", "grafana", "redis"}),
-    ],
-)
-def test_compose_file_is_valid_for_each_profile(profile: str, services: set[str]) -> None:
-    compose = str(BIN / "docker-compose")
-    check = run(compose, "-f", "docker-compose.yml", "--profile", profile, "config", "--quiet")
+PROFILES = {
+    "gpu": {
+        "gateway-1",
+        "gateway-2",
+        "vllm",
+        "tgi",
+        "trtllm",
+        "llamacpp",
+        "prometheus",
+        "grafana",
+        "redis",
+        "balancer",
+    },
+    "cpu": {"gateway-cpu-1", "gateway-cpu-2", "llamacpp", "prometheus", "grafana", "redis", "balancer"},
+}
+
+
+@functools.cache
+def compose(profile: str) -> dict[str, Any]:
+    result = run(str(BIN / "docker-compose"), "-f", "docker-compose.yml", "--profile", profile, "config")
+    assert result.returncode == 0, result.stderr
+    return dict(yaml.safe_load(result.stdout))
+
+
+def gateways(profile: str) -> dict[str, dict[str, Any]]:
+    """The profile's gateway replicas, by service name, with the routing YAML each one serves."""
+    services = compose(profile)["services"]
+    out = {}
+    for name, service in services.items():
+        if service.get("image") == "enginegate:latest":
+            path = service["command"][service["command"].index("--config") + 1]
+            out[name] = {**service, "config": yaml.safe_load((ROOT / path.removeprefix("/app/")).read_text())}
+    return out
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_file_is_valid_for_each_profile(profile: str) -> None:
+    compose_bin = str(BIN / "docker-compose")
+    check = run(compose_bin, "-f", "docker-compose.yml", "--profile", profile, "config", "--quiet")
     assert check.returncode == 0, check.stderr
-    listed = run(compose, "-f", "docker-compose.yml", "--profile", profile, "config", "--services")
-    assert set(listed.stdout.split()) == services
+    assert set(compose(profile)["services"]) == PROFILES[profile]
 
 
 def test_gpu_services_reserve_gpus_and_cpu_profile_needs_none() -> None:
-    doc = yaml.safe_load(run(str(BIN / "docker-compose"), "-f", "docker-compose.yml", "--profile", "gpu",
-                             "config").stdout)  # fmt: skip
     for name in ("vllm", "tgi", "trtllm"):
-        devices = doc["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        devices = compose("gpu")["services"][name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"]
-    cpu = yaml.safe_load(run(str(BIN / "docker-compose"), "-f", "docker-compose.yml", "--profile", "cpu",
-                             "config").stdout)  # fmt: skip
-    assert all("deploy" not in s for s in cpu["services"].values())
+    assert all("deploy" not in s for s in compose("cpu")["services"].values())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_replicas_share_the_redis_it_starts_behind_one_balancer(profile: str) -> None:
+    services, replicas = compose(profile)["services"], gateways(profile)
+    assert len(replicas) >= 2
+    for name, replica in replicas.items():
+        config = replica["config"]
+        redis = urlsplit(config["redis"]["url"])
+        assert redis.hostname in services and redis.hostname in replica["depends_on"], name
+        assert config["routing"]["prefix"]["share"] is True
+        assert "ports" not in replica  # reached through the balancer only
+    assert [p["published"] for p in services["balancer"]["ports"]] == ["8000"]
+
+
+def haproxy_servers() -> dict[str, str]:
+    lines = (ROOT / "deploy/haproxy/haproxy.cfg").read_text().splitlines()
+    return {w[1]: w[2] for w in (line.split() for line in lines) if w and w[0] == "server"}
+
+
+def test_balancer_sends_to_every_replica_and_notices_a_drain_in_time() -> None:
+    replicas = gateways("gpu") | gateways("cpu")
+    assert {name: f"{name}:8000" for name in replicas} == haproxy_servers()
+    text = (ROOT / "deploy/haproxy/haproxy.cfg").read_text()
+    assert "option httpchk GET /readyz" in text
+    checks = dict(re.findall(r"\b(inter|fall) (\d+)", text))
+    noticed_s = int(checks["inter"]) * int(checks["fall"])
+    for name, replica in replicas.items():
+        server = replica["config"]["server"]
+        # The balancer stops sending before the draining replica's listener closes...
+        assert noticed_s < server["drain_delay_s"], name
+        # ...and compose's SIGKILL waits for the drain (stop_grace_period, "35s").
+        needed = server["drain_delay_s"] + server.get("shutdown_grace_s", 20) + SETTLE_S
+        assert needed < float(replica["stop_grace_period"].removesuffix("s")), name
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (apt-get install haproxy)")
+def test_balancer_config_is_valid() -> None:
+    result = run("haproxy", "-c", "-f", "deploy/haproxy/haproxy.cfg")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_prometheus_scrapes_every_gateway_replica() -> None:
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    job = next(j for j in scrape["scrape_configs"] if j["job_name"] == "enginegate")
+    assert set(job["static_configs"][0]["targets"]) == set(haproxy_servers().values())
 
 
 def config_check(path: Path) -> subprocess.CompletedProcess[str]:
@@ -65,70 +139,6 @@ def config_check(path: Path) -> subprocess.CompletedProcess[str]:
 def test_shipped_configs_pass_config_check(config: str) -> None:
     result = config_check(ROOT / config)
     assert result.returncode == 0, result.stderr
-
-
-def kinds(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
-
-
-@pytest.mark.parametrize("base", ["deploy/k8s/gateway", "deploy/k8s/engines"])
-def test_kustomize_bases_render_and_validate_strictly(base: str, tmp_path: Path) -> None:
-    docs = render(ROOT / base)
-    schema_checked = [d for d in docs if d["apiVersion"] != "monitoring.coreos.com/v1"]
-    rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(yaml.safe_dump_all(schema_checked))
-    result = run(str(BIN / "kubernetes-validate"), "--strict", "--quiet", str(rendered))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert all(d["metadata"]["namespace"] for d in docs)
-
-
-def test_gateway_manifests_fit_together() -> None:
-    objs = kinds(render(ROOT / "deploy/k8s/gateway"))
-    deployment, service = objs["Deployment/enginegate"], objs["Service/enginegate"]
-    pod = deployment["spec"]["template"]
-    container = pod["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert objs["PodDisruptionBudget/enginegate"]["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-    assert objs["HorizontalPodAutoscaler/enginegate"]["spec"]["scaleTargetRef"]["name"] == "enginegate"
-    # The ServiceMonitor is a CRD without a bundled schema: check it against what it must select.
-    monitor = objs["ServiceMonitor/enginegate"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
-    mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert mounted["config"]["configMap"]["name"] == "enginegate-config"
-    assert container["args"][:2] == ["--config", "/etc/enginegate/config.yaml"]
-    # Several workers share metrics through a directory, which must be a writable volume (read-only root).
-    assert "--workers" in container["args"] and container["securityContext"]["readOnlyRootFilesystem"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert "emptyDir" in mounted[mounts[env["PROMETHEUS_MULTIPROC_DIR"]]]
-
-
-def test_engine_deployments_request_gpus_where_they_need_them() -> None:
-    objs = kinds(render(ROOT / "deploy/k8s/engines"))
-    gpus = {
-        name.split("/")[1]: d["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"].get(
-            "nvidia.com/gpu", 0
-        )
-        for name, d in objs.items()
-        if name.startswith("Deployment/")
-    }
-    assert gpus == {"vllm": 1, "vllm-70b": 4, "tgi": 1, "trtllm": 1, "llamacpp": 0}
-
-
-def test_routing_yaml_in_the_configmap_passes_config_check(tmp_path: Path) -> None:
-    configmap = kinds(render(ROOT / "deploy/k8s/gateway"))["ConfigMap/enginegate-config"]
-    path = tmp_path / "config.yaml"
-    path.write_text(configmap["data"]["config.yaml"])
-    result = config_check(path)
-    assert result.returncode == 0, result.stderr
-    # and every backend URL names a Service of the engine base
-    services = {n.split("/")[1] for n in kinds(render(ROOT / "deploy/k8s/engines")) if n.startswith("Service/")}
-    for backend in yaml.safe_load(configmap["data"]["config.yaml"])["backends"]:
-        host = backend["url"].split("//")[1].split(".")[0]
-        assert host in services, backend["name"]
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource() -> None:
