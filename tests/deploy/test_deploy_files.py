@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from gateway.drain import SETTLE_S
+from gateway.http.drain import SETTLE_S
 from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent
