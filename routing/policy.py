@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from routing.estimator import fit_problem, predict, prefill_ms
 from routing.types import (
@@ -211,31 +211,98 @@ def with_rule_defaults(f: RequestFeatures, rule: Rule | None) -> RequestFeatures
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the matched rule (or the defaults) settles for one request."""
+
+    rule: Rule | None
+    f: RequestFeatures
+    """The request's features with the rule's default budgets applied."""
+    max_attempts: int
+    hedging: bool
+    mode: Mode
+
+    @property
+    def name(self) -> str | None:
+        return self.rule.name if self.rule else None
+
+    def decision(
+        self,
+        reason: Reason,
+        excluded: dict[str, str] | None = None,
+        *,
+        lacks: dict[str, tuple[str, ...]] | None = None,
+        retry_after_s: float | None = None,
+    ) -> Decision:
+        """A decision with no candidates: why, and what was excluded."""
+        return Decision(
+            reason, excluded=excluded or {}, rule=self.name, max_attempts=self.max_attempts,
+            retry_after_s=retry_after_s, lacks=lacks or {},
+        )  # fmt: skip
+
+
 def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> Decision:
-    rule = next((r for r in rules.rules if matches(r, features)), None)
-    f = with_rule_defaults(features, rule)
-    max_attempts = (rule.max_attempts if rule and rule.max_attempts else None) or rules.max_attempts
-    hedging = rule.hedging if rule and rule.hedging is not None else rules.hedging
-    mode = rule.mode if rule and rule.mode is not None else rules.mode
-    name = rule.name if rule else None
+    """Match a rule, filter the backends serving the model, predict, refuse what cannot wait, score, rank."""
+    plan = _plan(features, rules)
+    f = plan.f
     model = snapshot.models.get(f.model)
     serving = [b for b in snapshot.backends if f.model in b.profile.models]
     if model is None or not serving:
-        return Decision(Reason.NO_BACKEND_FOR_MODEL, rule=name, max_attempts=max_attempts)
+        return plan.decision(Reason.NO_BACKEND_FOR_MODEL)
     if f.needs or f.extras:
         lacks = {s.name: tuple(lacking(s, f)) for s in serving}
         if all(lacks.values()):
             excluded_all = {backend: "lacks " + ", ".join(items) for backend, items in lacks.items()}
-            return Decision(
-                Reason.UNSUPPORTED, excluded=excluded_all, rule=name, max_attempts=max_attempts, lacks=lacks
-            )
+            return plan.decision(Reason.UNSUPPORTED, excluded_all, lacks=lacks)
+    excluded, alive, probing = _filter(serving, plan, model)
+    if not alive:
+        # Backends lacking a capability never could serve it: the ones that could are down.
+        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith("lacks ") for r in excluded.values())
+        return plan.decision(Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS, excluded)
     out = f.max_tokens or DEFAULT_MAX_TOKENS
+    held = {s.name: _held(s, f) for s in alive}
+    predictions = {s.name: predict(model, s, f.prompt_tokens, out, held[s.name][1]) for s in alive}
+    alive = _admitted(alive, predictions, excluded, rules.max_queue_wait_ms * priority_factor(f.priority))
+    if not alive:
+        limit = rules.max_queue_wait_ms * priority_factor(f.priority)
+        retry = max(1.0, (min(p.queue_ms for p in predictions.values()) - limit) / 1000)  # every one was full
+        return plan.decision(Reason.OVERLOADED, excluded, retry_after_s=retry)
+    matched = {name: blocks for name, (blocks, _) in held.items()}
+    candidates, hopeless = _scored(alive, predictions, matched, probing, plan, model, rules, out)
+    states = {s.name: s for s in alive}
+
+    def rank(c: Candidate) -> tuple[int, int, int, float, float]:
+        s = states[c.backend]
+        rule = plan.rule
+        preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
+        last = 1 if c.backend in probing else 0
+        return (last, 0 if c.meets_budget else 1, preference, -c.terms["cost"] if hopeless else 0.0, -c.score)
+
+    return _decided(tuple(sorted(candidates, key=rank)), excluded, plan)
+
+
+def _plan(features: RequestFeatures, rules: Rules) -> _Plan:
+    rule = next((r for r in rules.rules if matches(r, features)), None)
+    return _Plan(
+        rule,
+        with_rule_defaults(features, rule),
+        (rule.max_attempts if rule and rule.max_attempts else None) or rules.max_attempts,
+        rule.hedging if rule and rule.hedging is not None else rules.hedging,
+        rule.mode if rule and rule.mode is not None else rules.mode,
+    )
+
+
+def _filter(
+    serving: list[BackendState], plan: _Plan, model: ModelSpec
+) -> tuple[dict[str, str], list[BackendState], set[str]]:
+    """(excluded with why, the backends left, the recovering ones among them, which go last)."""
+    f = plan.f
     excluded: dict[str, str] = {}
     alive: list[BackendState] = []
     probes: list[BackendState] = []
     for state in serving:
         # Without max_tokens the answer takes what the context leaves: the prompt must leave a token.
-        problem = _excluded(state, rule, f, model, f.max_tokens or 1)
+        problem = _excluded(state, plan.rule, f, model, f.max_tokens or 1)
         if problem is not None:
             excluded[state.name] = problem
         elif state.breaker is Breaker.HALF_OPEN and f.gate >= state.recovery:
@@ -244,29 +311,32 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
             probes.append(state)
         else:
             alive.append(state)
-    probing = {state.name for state in probes}
-    alive += probes
-    if not alive:
-        # Backends lacking a capability never could serve it: the ones that could are down.
-        down = all(r in ("unhealthy", "circuit breaker open") or r.startswith("lacks ") for r in excluded.values())
-        reason = Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS
-        return Decision(reason, excluded=excluded, rule=name, max_attempts=max_attempts)
+    return excluded, alive + probes, {state.name for state in probes}
 
-    held = {s.name: _held(s, f) for s in alive}
-    matched = {name: blocks for name, (blocks, _) in held.items()}
-    predictions = {s.name: predict(model, s, f.prompt_tokens, out, held[s.name][1]) for s in alive}
-    limit = rules.max_queue_wait_ms * priority_factor(f.priority)
+
+def _admitted(
+    alive: list[BackendState], predictions: dict[str, Prediction], excluded: dict[str, str], limit: float
+) -> list[BackendState]:
+    """The backends whose predicted queue wait is within ``limit`` (ms); the others join ``excluded``."""
     full = {s.name: predictions[s.name].queue_ms for s in alive if predictions[s.name].queue_ms > limit}
-    if full:
-        for backend, wait in full.items():
-            excluded[backend] = f"queue full: predicted wait {wait / 1000:.1f}s over {limit / 1000:.1f}s"
-        if len(full) == len(alive):
-            retry = max(1.0, (min(full.values()) - limit) / 1000)
-            return Decision(
-                Reason.OVERLOADED, excluded=excluded, rule=name, max_attempts=max_attempts, retry_after_s=retry
-            )
-        alive = [s for s in alive if s.name not in full]
-    fastest = min(p.e2e_ms for p in predictions.values())
+    for backend, wait in full.items():
+        excluded[backend] = f"queue full: predicted wait {wait / 1000:.1f}s over {limit / 1000:.1f}s"
+    return [s for s in alive if s.name not in full]
+
+
+def _scored(
+    alive: list[BackendState],
+    predictions: dict[str, Prediction],
+    matched: dict[str, int],
+    probing: set[str],
+    plan: _Plan,
+    model: ModelSpec,
+    rules: Rules,
+    out: int,
+) -> tuple[list[Candidate], bool]:
+    """Each backend's score and terms, and whether the request is hopeless everywhere."""
+    f = plan.f
+    fastest = min(p.e2e_ms for p in predictions.values())  # queue-full backends too, as predicted
     # The price of the capacity a request takes (``_work_ms``): a prompt found in cache takes less.
     cost = {s.name: s.profile.cost_per_hour * _work_ms(model, s, predictions[s.name], f, out) for s in alive}
     cheapest = min(cost.values())
@@ -297,31 +367,27 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         score += w.affinity * terms["affinity"] / total
         meets = _meets(p, f) or (history and s.name == affine and (ratios[s.name] or 0.0) <= 1)
         candidates.append(Candidate(s.name, round(score, 6), p, meets, terms))
-
-    states = {s.name: s for s in alive}
     # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its
     # budget it would only take that backend's capacity from requests that can still make theirs, so
     # it takes the cheapest capacity instead (in the simulator this beat "least loaded" and "closest").
     hopeless = closest_miss > HOPELESS_RATIO and not any(c.meets_budget for c in candidates)
+    return candidates, hopeless
 
-    def rank(c: Candidate) -> tuple[int, int, int, float, float]:
-        s = states[c.backend]
-        preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
-        last = 1 if c.backend in probing else 0
-        return (last, 0 if c.meets_budget else 1, preference, -c.terms["cost"] if hopeless else 0.0, -c.score)
 
-    ranked = tuple(sorted(candidates, key=rank))
+def _decided(ranked: tuple[Candidate, ...], excluded: dict[str, str], plan: _Plan) -> Decision:
+    f = plan.f
     has_budget = any(b is not None for b in (f.ttft_budget_ms, f.latency_budget_ms, f.tpot_budget_ms))
     if not has_budget:
         reason = Reason.NO_BUDGET
     elif ranked[0].meets_budget:
         reason = Reason.MEETS_BUDGET
-    elif mode is Mode.STRICT:
+    elif plan.mode is Mode.STRICT:
         wait = min(c.prediction.queue_ms for c in ranked) / 1000
         return Decision(
-            Reason.BUDGET_UNMEETABLE, ranked, excluded, name, max_attempts, hedging, retry_after_s=max(1.0, wait)
-        )
+            Reason.BUDGET_UNMEETABLE, ranked, excluded, plan.name, plan.max_attempts, plan.hedging,
+            retry_after_s=max(1.0, wait),
+        )  # fmt: skip
     else:
         reason = Reason.BEST_EFFORT
-    hedge_after = f.ttft_budget_ms if hedging and f.ttft_budget_ms is not None and len(ranked) > 1 else None
-    return Decision(reason, ranked, excluded, name, max_attempts, hedging, hedge_after_ms=hedge_after)
+    hedge_after = f.ttft_budget_ms if plan.hedging and f.ttft_budget_ms is not None and len(ranked) > 1 else None
+    return Decision(reason, ranked, excluded, plan.name, plan.max_attempts, plan.hedging, hedge_after_ms=hedge_after)
