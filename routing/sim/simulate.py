@@ -125,35 +125,37 @@ def assign_models(requests: Sequence[SimRequest], shares: Sequence[tuple[str, fl
     return [rng.choices(names, weights)[0] for _ in requests] if len(names) > 1 else [names[0]] * len(requests)
 
 
-def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[str], policy: Policy) -> Result:
-    """Replay ``requests`` (``models[i]`` is request i's model) through ``policy``, a fresh instance
-    (policies learn as they go), on a fresh copy of the fleet."""
-    engines = fleet.engines()
-    views = {e.name: BackendView(e) for e in engines}
-    by_model: dict[str, list[BackendView]] = {}
-    for v in views.values():
-        by_model.setdefault(v.engine.model.name, []).append(v)
-    jobs = [Job(r, m) for r, m in zip(requests, models, strict=True)]
-    events: list[tuple[float, int, int, object]] = []
-    serial = 0
-    epochs = {e.name: 0 for e in engines}
+class _Run:
+    """One replay: the event queue, the fleet's engines and the gateway's views of them, the policy."""
 
-    def schedule(at: float, kind: int, payload: object) -> None:
-        nonlocal serial
-        serial += 1
-        heapq.heappush(events, (at, serial, kind, payload))
+    def __init__(self, fleet: SimFleet, policy: Policy) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.engines = fleet.engines()
+        self.views = {e.name: BackendView(e) for e in self.engines}
+        self.by_model: dict[str, list[BackendView]] = {}
+        for v in self.views.values():
+            self.by_model.setdefault(v.engine.model.name, []).append(v)
+        self.events: list[tuple[float, int, int, object]] = []
+        self.serial = 0
+        self.epochs = {e.name: 0 for e in self.engines}
+        """Bumped when an outage wipes an engine: steps planned before it are dropped."""
 
-    def kick(engine: SimEngine, now: float) -> None:
+    def schedule(self, at: float, kind: int, payload: object) -> None:
+        self.serial += 1
+        heapq.heappush(self.events, (at, self.serial, kind, payload))
+
+    def kick(self, engine: SimEngine, now: float) -> None:
         if engine.stepping or not engine.up:
             return
         duration = engine.start_step()
         if duration is not None:
-            schedule(now + duration, _STEP, (engine, epochs[engine.name], duration))
+            self.schedule(now + duration, _STEP, (engine, self.epochs[engine.name], duration))
 
-    def dispatch(job: Job, now: float) -> None:
-        candidates = [v for v in by_model.get(job.model, ()) if v.engine.up and v.engine.fits(job)]
+    def dispatch(self, job: Job, now: float) -> None:
+        candidates = [v for v in self.by_model.get(job.model, ()) if v.engine.up and v.engine.fits(job)]
         job.expected_cached = 0
-        choice = policy.pick(job, candidates) if candidates else None
+        choice = self.policy.pick(job, candidates) if candidates else None
         if choice is None:
             job.rejected = True
             return
@@ -161,60 +163,77 @@ def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[s
         job.backlog_tokens = job.request.prompt_tokens - job.expected_cached
         choice.prefill_backlog += job.backlog_tokens
         choice.engine.submit(job)
-        kick(choice.engine, now)
+        self.kick(choice.engine, now)
 
-    for job in jobs:
-        schedule(job.request.arrival_s, _ARRIVAL, job)
+    def stepped(self, engine: SimEngine, epoch: int, duration: float, now: float) -> None:
+        if epoch != self.epochs[engine.name]:
+            return  # planned before an outage wiped the engine
+        result = engine.end_step(now, duration)
+        view = self.views[engine.name]
+        for job in result.first_tokens:
+            view.prefill_backlog -= job.backlog_tokens
+        for job in result.finished:
+            view.in_flight -= 1
+            self.policy.finished(job, view)
+        engine.stepping = False
+        self.kick(engine, now)
+
+    def poll(self, now: float, end: float) -> None:
+        for v in self.views.values():
+            v.polled = (v.engine.running, len(v.engine.waiting)) if v.engine.up else None
+            v.polled_kv = v.engine.kv_usage if v.engine.up else 1.0
+            v.in_flight_at_poll = v.in_flight
+        if now < end:
+            self.schedule(now + self.fleet.poll_s, _POLL, None)
+
+    def down(self, name: str, now: float) -> None:
+        view = self.views[name]
+        self.epochs[name] += 1
+        lost = view.engine.take_down()
+        view.in_flight -= len(lost)
+        view.prefill_backlog = 0
+        for job in lost:
+            if job.first_token_s is None:
+                self.dispatch(job, now)  # failover: nothing was sent to the client yet
+            else:
+                job.failed = True
+
+    def replay(self, jobs: list[Job], end: float) -> None:
+        for job in jobs:
+            self.schedule(job.request.arrival_s, _ARRIVAL, job)
+        for outage in self.fleet.outages:
+            self.schedule(outage.start_s, _DOWN, outage.backend)
+            self.schedule(outage.end_s, _UP, outage.backend)
+        self.schedule(0.0, _POLL, None)
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            if kind == _ARRIVAL:
+                assert isinstance(payload, Job)
+                self.dispatch(payload, now)
+            elif kind == _STEP:
+                engine, epoch, duration = cast(tuple[SimEngine, int, float], payload)
+                self.stepped(engine, epoch, duration, now)
+            elif kind == _POLL:
+                self.poll(now, end)
+            elif kind == _DOWN:
+                self.down(str(payload), now)
+            elif kind == _UP:
+                self.views[str(payload)].engine.up = True
+
+
+def simulate(fleet: SimFleet, requests: Sequence[SimRequest], models: Sequence[str], policy: Policy) -> Result:
+    """Replay ``requests`` (``models[i]`` is request i's model) through ``policy``, a fresh instance
+    (policies learn as they go), on a fresh copy of the fleet."""
+    run = _Run(fleet, policy)
+    jobs = [Job(r, m) for r, m in zip(requests, models, strict=True)]
     end = max((r.arrival_s for r in requests), default=0.0)
-    for outage in fleet.outages:
-        schedule(outage.start_s, _DOWN, outage.backend)
-        schedule(outage.end_s, _UP, outage.backend)
-    schedule(0.0, _POLL, None)
-    now = 0.0
-    while events:
-        now, _, kind, payload = heapq.heappop(events)
-        if kind == _ARRIVAL:
-            assert isinstance(payload, Job)
-            dispatch(payload, now)
-        elif kind == _STEP:
-            engine, epoch, duration = cast(tuple[SimEngine, int, float], payload)
-            if epoch != epochs[engine.name]:
-                continue  # planned before an outage wiped the engine
-            result = engine.end_step(now, duration)
-            view = views[engine.name]
-            for job in result.first_tokens:
-                view.prefill_backlog -= job.backlog_tokens
-            for job in result.finished:
-                view.in_flight -= 1
-                policy.finished(job, view)
-            engine.stepping = False
-            kick(engine, now)
-        elif kind == _POLL:
-            for v in views.values():
-                v.polled = (v.engine.running, len(v.engine.waiting)) if v.engine.up else None
-                v.polled_kv = v.engine.kv_usage if v.engine.up else 1.0
-                v.in_flight_at_poll = v.in_flight
-            if now < end:
-                schedule(now + fleet.poll_s, _POLL, None)
-        elif kind == _DOWN:
-            down = views[str(payload)].engine
-            epochs[down.name] += 1
-            lost = down.take_down()
-            views[down.name].in_flight -= len(lost)
-            views[down.name].prefill_backlog = 0
-            for job in lost:
-                if job.first_token_s is None:
-                    dispatch(job, now)  # failover: nothing was sent to the client yet
-                else:
-                    job.failed = True
-        elif kind == _UP:
-            views[str(payload)].engine.up = True
+    run.replay(jobs, end)
     return Result(
         policy=policy.name,
         jobs=tuple(jobs),
         span_s=end if end > 0 else 1.0,
-        busy_s={e.name: e.busy_s for e in engines},
-        cost_per_hour={e.name: e.profile.cost_per_hour for e in engines},
+        busy_s={e.name: e.busy_s for e in run.engines},
+        cost_per_hour={e.name: e.profile.cost_per_hour for e in run.engines},
     )
 
 
