@@ -255,7 +255,7 @@ class LlamaCppBackend(InProcessEngine):
         except Exception as exc:  # the converter reports what it cannot follow with assertions
             param = "tool_choice" if request.tools and forced else "response_format"
             raise BackendError(
-                ErrorKind.BAD_REQUEST, f"{self.name} cannot constrain the answer to this schema: {exc}", param=param
+                ErrorKind.BAD_REQUEST, f"the engine cannot constrain the answer to this schema: {exc}", param=param
             ) from exc
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:

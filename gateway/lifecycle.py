@@ -260,6 +260,7 @@ class RequestLife:
             "request",
             extra={
                 "request_id": self.ex.request_id,
+                "client_request_id": self.ex.client_request_id,
                 "route": self.route,
                 "model": self.model,
                 "backend": backend,
