@@ -86,11 +86,13 @@ def test_clients_get_no_engine_internals_and_logs_keep_them() -> None:
 
 
 def test_a_refusal_reaches_the_client_without_the_backend_name_or_raw_bytes() -> None:
-    vllm = from_response("gpu-b1", 400, b'{"object":"error","message":"top_p must be in (0, 1], got 7.","code":400}', {})
+    body = b'{"object":"error","message":"top_p must be in (0, 1], got 7.","code":400}'
+    vllm = from_response("gpu-b1", 400, body, {})
     assert from_backend(vllm).message == "top_p must be in (0, 1], got 7."
     for raw in (b"<html><body>400 Bad Request</body></html>", b"\x00\x9f\xff binary"):
         err = from_response("gpu-b1", 400, raw, {})
-        assert err.kind is ErrorKind.BAD_REQUEST and from_backend(err).message == "The engine refused the request as invalid."
+        assert err.kind is ErrorKind.BAD_REQUEST
+        assert from_backend(err).message == "The engine refused the request as invalid."
     named = BackendError(ErrorKind.BAD_REQUEST, "tgi-7: TGI cannot take tools and response_format together")
     named.failures = [("tgi-7", named)]
     assert from_backend(named).message == "TGI cannot take tools and response_format together"
