@@ -38,7 +38,7 @@ from gateway.config import (
     VLLMConfig,
 )
 from gateway.dispatch import Deadlines
-from gateway.errors import ApiError, bad_request, from_backend, model_not_found
+from gateway.errors import ApiError, bad_request, clip, from_backend, model_not_found
 from gateway.lifecycle import RequestLife
 from gateway.openai_api import error_for_json
 from gateway.streaming import Exchange
@@ -85,9 +85,10 @@ def parse(data: Any) -> EmbeddingsBody:
         param, err = deepest(exc, lambda loc: param_path(loc, ()))
         if err["type"] == "missing":
             raise bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter") from None
+        param = clip(param)  # a field's name is the client's: a huge one is echoed cut short
         if err["type"] == "extra_forbidden":
             raise bad_request(f"Unrecognized request argument supplied: {param}", param, "unknown_parameter") from None
-        raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param, "invalid_value") from None
+        raise bad_request(f"Invalid value for '{param}': {clip(err['msg'])}.", param, "invalid_value") from None
 
 
 def inputs_of(body: EmbeddingsBody) -> tuple[str, ...] | tuple[tuple[int, ...], ...]:

@@ -117,9 +117,13 @@ def test_an_engines_refusal_keeps_its_words_without_the_backend_name_or_raw_byte
     assert said(info.value) == "The engine refused the request as invalid."
 
 
-def test_a_huge_model_name_is_echoed_cut_short(fleet: Fleet) -> None:
+def test_huge_input_is_echoed_cut_short(fleet: Fleet) -> None:
     base, _, _ = fleet
     name = "m" * 100_000
+    for extra in ({name: 1}, {"temperature": name}, {"messages": [{"role": name, "content": "hi"}]}):
+        with pytest.raises(openai.BadRequestError) as info:
+            client(base).chat.completions.create(model="m", messages=HELLO, extra_body=extra)
+        assert len(info.value.response.content) < 600, extra.keys()
     with pytest.raises(openai.NotFoundError) as info:
         client(base).chat.completions.create(model=name, messages=HELLO)
     assert info.value.code == "model_not_found"
