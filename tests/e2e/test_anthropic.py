@@ -106,7 +106,9 @@ def test_errors_are_anthropics(client: anthropic.Anthropic, gw: GatewayProcess) 
         client.messages.create(
             model="demo-ct2", max_tokens=5, messages=HELLO, tools=[WEATHER], tool_choice={"type": "any"}
         )
-    assert "cannot be honoured" in forced.value.message and "supports tool_choice_required" in forced.value.message
+    assert (
+        "cannot be honoured" in forced.value.message and "no backend serving it supports tools" in forced.value.message
+    )
 
 
 def test_messages_count_under_their_own_route(client: anthropic.Anthropic, gw: GatewayProcess) -> None:
