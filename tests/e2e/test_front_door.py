@@ -121,9 +121,9 @@ def test_huge_input_is_echoed_cut_short(fleet: Fleet) -> None:
     base, _, _ = fleet
     name = "m" * 100_000
     for extra in ({name: 1}, {"temperature": name}, {"messages": [{"role": name, "content": "hi"}]}):
-        with pytest.raises(openai.BadRequestError) as info:
+        with pytest.raises(openai.BadRequestError) as bad:
             client(base).chat.completions.create(model="m", messages=HELLO, extra_body=extra)
-        assert len(info.value.response.content) < 600, extra.keys()
+        assert len(bad.value.response.content) < 600, extra.keys()
     with pytest.raises(openai.NotFoundError) as info:
         client(base).chat.completions.create(model=name, messages=HELLO)
     assert info.value.code == "model_not_found"
