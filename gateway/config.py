@@ -68,6 +68,10 @@ class ServerConfig(_Strict):
     docs: bool = False
     """Interactive API docs at ``/docs`` (Swagger UI served from the ``docs`` extra, never a CDN);
     ``/openapi.json`` is always served."""
+    backend_headers: bool = True
+    """Answers name the backend that served them (``x-enginegate-backend``) and the routing rule that
+    matched (``x-enginegate-rule``), for operators; false keeps the fleet's names from clients (error
+    messages never carry them)."""
     trusted_proxies: list[str] = []
     """Addresses or CIDRs of the proxies in front of the gateway: only a request from one of them has
     its ``X-Forwarded-For`` read (the right-most address no trusted proxy holds is the client, for the

@@ -203,3 +203,16 @@ def test_metrics_without_a_key_to_ask_for_are_refused_when_keys_are_required(tmp
     with serve_in_thread(app) as base:
         refused = httpx.get(f"{base}/metrics")
         assert refused.status_code == 403 and "metrics.api_key_env" in refused.json()["error"]["message"]
+
+
+def test_backend_headers_can_be_kept_from_clients(tmp_path: Path) -> None:
+    a, b = ScriptedBackend("gpu-node-a", "m"), ScriptedBackend("gpu-node-b", "m")
+    config = write_config(tmp_path / "c.yaml", "server: {backend_headers: false}\n" + FLEET)
+    app = create_app(load_config(config), factory({"gpu-node-a": a, "gpu-node-b": b}))
+    with serve_in_thread(app) as base:
+        answered = client(base).chat.completions.with_raw_response.create(model="m", messages=HELLO)
+        a.fail_with = b.fail_with = BackendError(ErrorKind.UPSTREAM, "engine crashed on gpu-node-a")
+        failed = httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": HELLO})
+    assert failed.status_code == 502 and "gpu-node" not in failed.text
+    for headers in (answered.headers, failed.headers):
+        assert "x-enginegate-backend" not in headers and not any("gpu-node" in v for v in headers.values())
