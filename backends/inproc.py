@@ -371,7 +371,7 @@ class InProcessEngine:
         if not self._template_takes_tools and (tools or _tool_history(request.messages)):
             raise BackendError(
                 ErrorKind.BAD_REQUEST,
-                f"the chat template of {self._model_name} on {self.name} does not render tools",
+                f"this backend's chat template of {self._model_name} does not render tools",
                 param="tools" if tools else "messages",
                 retryable=True,  # another backend of the model may render them with its own template
             )

@@ -258,7 +258,7 @@ class LlamaCppBackend(InProcessEngine):
         except (AssertionError, ValueError, RecursionError) as exc:
             param = "tool_choice" if request.tools and forced else "response_format"
             raise BackendError(
-                ErrorKind.BAD_REQUEST, f"{self.name} cannot constrain the answer to this schema: {exc}", param=param
+                ErrorKind.BAD_REQUEST, f"the engine cannot constrain the answer to this schema: {exc}", param=param
             ) from exc
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:

@@ -32,27 +32,47 @@ from gateway.doors.responses_api import RESPONSES
 from gateway.fleet.engines import BackendFactory, build_backend
 from gateway.http.cors import Cors, is_preflight
 from gateway.http.drain import attach
-from gateway.http.errors import ApiError, model_not_found
+from gateway.http.errors import ApiError, clip, model_not_found
 from gateway.http.exchange import ClientGone, Exchange
 from gateway.http.protocol import RECEIVED
 from gateway.pipeline.serve import serve
 from gateway.pipeline.surfaces import Surface
 from gateway.state import AppState
+from routing.types import Breaker, FleetSnapshot
 
 log = logging.getLogger("enginegate.app")
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+"""A client's ``x-request-id`` is kept (as ``client_request_id``) only when it is this plain and short."""
+_SINGLE = (b"authorization", b"x-api-key")
+"""Headers a request may carry once: with two, which one is the key would depend on the route."""
 
 
-def request_id(scope: Scope) -> str:
-    """The client's ``x-request-id`` when it is sane, else a new one."""
+def request_id() -> str:
+    """A new id, the gateway's own for every request: unique, whatever a client sends."""
+    return f"{random.getrandbits(128):032x}"  # unique, not secret: no system call per request
+
+
+def front(scope: Scope) -> tuple[str | None, bytes | None]:
+    """One pass over the headers: the client's own request id (None when absent or not plain), and
+    the name of a header that must come once but came twice (None when none did)."""
+    client_id = None
+    seen: set[bytes] = set()
     for key, value in scope["headers"]:
         if key == b"x-request-id":
-            rid: str = value.decode("latin-1")
-            if _REQUEST_ID.match(rid):
-                return rid
-            break
-    return f"{random.getrandbits(128):032x}"  # unique, not secret: no system call per request
+            rid = value.decode("latin-1")
+            client_id = rid if _CLIENT_ID.match(rid) else None
+        elif key in _SINGLE:
+            if key in seen:
+                return client_id, key
+            seen.add(key)
+    return client_id, None
+
+
+def _twice(name: bytes) -> ApiError:
+    header = name.decode("latin-1")
+    return ApiError(400, f"The {header} header appears more than once; send it once.", param=header,
+                    code="duplicate_header")  # fmt: skip
 
 
 class Gateway:
@@ -81,22 +101,31 @@ class Gateway:
                     await self.cors.preflight(origin, send)
                     return
                 send = self.cors.wrap(origin, send)
-        rid = request_id(scope)
+        rid = request_id()
+        client_id, twice = front(scope)
+        ids = [(b"x-request-id", rid.encode())]
+        if client_id is not None:
+            ids.append((b"x-client-request-id", client_id.encode()))
         surface = self.surfaces.get(scope["path"]) if scope["method"] == "POST" else None
+        if twice is not None:  # refused before any route reads a key: one rule for every route
+            door = surface.error_body if surface is not None else None
+            ex = Exchange(receive, send, rid, door, client_id)
+            await ex.error(_twice(twice))
+            return
         if surface is not None:
-            await self._generation(scope, receive, send, rid, surface)
+            await self._generation(scope, receive, send, rid, surface, client_id=client_id)
             return
         if scope["path"] == embeddings.PATH and scope["method"] == "POST":
-            await self._generation(scope, receive, send, rid, embeddings.EMBEDDINGS, embeddings.serve)
+            await self._generation(scope, receive, send, rid, embeddings.EMBEDDINGS, embeddings.serve, client_id)
             return
         scope["enginegate.request_id"] = rid
-        header = (b"x-request-id", rid.encode())
+        scope["enginegate.client_request_id"] = client_id
         route = _route_label(scope["path"])
         metrics = self.state.metrics
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), header]
+                message["headers"] = [*message.get("headers", []), *ids]
                 status = message["status"]
                 if route is not None or status >= 400:  # probes and scrapes count only when they fail
                     metrics.other_request(route or "other", status)
@@ -112,8 +141,9 @@ class Gateway:
         rid: str,
         surface: Surface | embeddings.EmbeddingsDoor,
         handler: Handler = serve,
+        client_id: str | None = None,
     ) -> None:
-        ex = Exchange(receive, send, rid, surface.error_body)  # errors, a shutdown's too, in the door's shape
+        ex = Exchange(receive, send, rid, surface.error_body, client_id)  # errors in the door's shape
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
             headers["authorization"] = "Bearer " + headers["x-api-key"]
@@ -197,9 +227,11 @@ async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 (unknown route, wrong method) as OpenAI error JSON."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        err = ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
+        err = ApiError(404, f"Unknown route: {clip(request.method)} {clip(request.url.path)}", code="unknown_url")
     elif exc.status_code == 405:
-        err = ApiError(405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed")
+        err = ApiError(
+            405, f"Method {clip(request.method)} is not allowed on {clip(request.url.path)}.", code="method_not_allowed"
+        )
     else:
         err = ApiError(exc.status_code, str(exc.detail), type="invalid_request_error")
     return await api_error(request, err)
@@ -209,6 +241,20 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     """A bug: logged with its traceback, answered as OpenAI error JSON without one."""
     log.exception("unhandled error", exc_info=exc, extra={"request_id": request.scope.get("enginegate.request_id")})
     return await api_error(request, ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
+
+
+def unready(snapshot: FleetSnapshot) -> str | None:
+    """Why no request could be served now (every backend unhealthy or behind an open circuit breaker),
+    or None when some backend can take one. A half-open breaker takes requests: it counts as ready."""
+    backends = snapshot.backends
+    if any(b.healthy and b.breaker is not Breaker.OPEN for b in backends):
+        return None
+    down = sum(not b.healthy for b in backends)
+    tripped = len(backends) - down
+    parts = [f"{down} unhealthy"] if down else []
+    if tripped:
+        parts.append(f"{tripped} with an open circuit breaker")
+    return f"no backend can take a request: {' and '.join(parts) or 'none configured'} (of {len(backends)})"
 
 
 def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
@@ -246,7 +292,7 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
     return lifespan
 
 
-def _routes(state: AppState) -> list[Route]:
+def _routes(state: AppState, auth: AdminAuth) -> list[Route]:
     async def generation_method(request: Request) -> Response:
         """Only reached with a method other than POST (``Gateway`` answers POSTs itself)."""
         raise HTTPException(405)
@@ -277,14 +323,18 @@ def _routes(state: AppState) -> list[Route]:
         return json_response({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        ready = state.fleet.ready and not state.draining
-        doc = {
-            "status": "ready" if ready else "draining" if state.draining else "not_ready",
-            "backends": {b.name: b.healthy for b in state.fleet.snapshot().backends},
+        snapshot = state.fleet.snapshot()
+        why = "the gateway is shutting down" if state.draining else unready(snapshot)
+        doc: dict[str, object] = {
+            "status": "ready" if why is None else "draining" if state.draining else "not_ready",
+            "backends": {b.name: b.healthy for b in snapshot.backends},
         }
-        return json_response(doc, 200 if ready else 503)
+        if why is not None:
+            doc["reason"] = why
+        return json_response(doc, 200 if why is None else 503)
 
     async def metrics(request: Request) -> Response:
+        await auth.metrics(request)
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return [
@@ -320,8 +370,9 @@ def worker_app() -> ASGIApp:
 def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:
     """The gateway for one config: everything it holds lives on this app (no global state)."""
     state = AppState(loaded, backend_factory)
+    auth = AdminAuth(state)
     app = api_app.build(  # FastAPI: routes and the OpenAPI document; generation skips it (Gateway)
-        _routes(state),
+        _routes(state, auth),
         [*GENERATION, embeddings.PATH],
         exception_handlers={
             ApiError: api_error,
@@ -330,7 +381,7 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         },
         lifespan=_lifespan(state),
         docs=state.config.server.docs,
-        admin_auth=AdminAuth(state),
+        admin_auth=auth,
     )
     app.state.enginegate = state
     return Gateway(state, app)

@@ -179,6 +179,10 @@ def _serve(args: argparse.Namespace) -> int:
         "lifespan": "on",
         "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
         "ws": "none",
+        # uvicorn would take X-Forwarded-For from any loopback peer as the client's address (a client
+        # beside the gateway, or any client behind a local proxy, then names itself, and the admin
+        # lockout counts whatever it names): the gateway reads it itself (server.trusted_proxies).
+        "proxy_headers": False,
         "timeout_keep_alive": server.keep_alive_timeout_s,
         # gateway/http/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
         "timeout_graceful_shutdown": server.shutdown_grace_s + SETTLE_S,

@@ -9,6 +9,7 @@ files exist, and raises ``ConfigError`` listing every problem as
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.gguf_file import GgufCache
 from gateway.tenancy.settings import AuthConfig, RedisConfig
@@ -68,6 +69,27 @@ class ServerConfig(_Strict):
     docs: bool = False
     """Interactive API docs at ``/docs`` (Swagger UI served from the ``docs`` extra, never a CDN);
     ``/openapi.json`` is always served."""
+    backend_headers: bool = True
+    """Answers name the backend that served them (``x-enginegate-backend``) and the routing rule that
+    matched (``x-enginegate-rule``), for operators; false keeps the fleet's names from clients (error
+    messages never carry them)."""
+    trusted_proxies: list[str] = []
+    """Addresses or CIDRs of the proxies in front of the gateway: only a request from one of them has
+    its ``X-Forwarded-For`` read (the right-most address no trusted proxy holds is the client, for the
+    admin lockout and the logs). Default none: the connection's peer is the client."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        bad = []
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr.strip(), strict=False)  # as gateway.http.peers reads them
+            except ValueError:
+                bad.append(cidr)
+        if bad:
+            raise ValueError(f"not an address or CIDR: {', '.join(map(repr, bad))}")
+        return value
 
 
 class LimitsConfig(_Strict):
@@ -401,11 +423,21 @@ class AdminConfig(_Strict):
     """The first lockout; each failure while locked out doubles it, up to an hour."""
 
 
+class MetricsConfig(_Strict):
+    api_key_env: str | None = None
+    """Environment variable holding the key ``/metrics`` asks for (``Authorization: Bearer <key>``);
+    without it the admin key is asked for instead, when ``/metrics`` is protected."""
+    protected: bool | None = None
+    """Whether ``/metrics`` needs that key; default: when ``metrics.api_key_env`` is set or
+    ``auth.required`` is on (the per-team series tell who spends what)."""
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = ServerConfig()
     limits: LimitsConfig = LimitsConfig()
     routing: RoutingConfig = RoutingConfig()
     admin: AdminConfig = AdminConfig()
+    metrics: MetricsConfig = MetricsConfig()
     auth: AuthConfig = AuthConfig()
     redis: RedisConfig = RedisConfig()
     gpus: list[GpuConfig] = []

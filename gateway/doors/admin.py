@@ -3,13 +3,16 @@ and API keys (create, list, show, update, revoke, usage) when the gateway has th
 
 They need ``Authorization: Bearer <key>`` with the key from the environment variable named by
 ``admin.api_key_env`` (without that setting they are off), compared in constant time; an address
-that fails ``admin.max_failures`` times is locked out (gateway/tenancy/guard.py). With
+that fails ``admin.max_failures`` times is locked out (gateway/tenancy/guard.py; the address is the
+connection's peer unless ``server.trusted_proxies`` says otherwise, see gateway/peers.py), and every
+refusal is logged with it. With
 ``admin.port`` they answer only on that port.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -23,7 +26,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.base import GenerationRequest
-from gateway.http.errors import ApiError, bad_request
+from gateway.http.errors import ApiError, bad_request, clip
+from gateway.http.peers import TrustedProxies
 from gateway.http.supervisor import SUPERVISOR_ENV
 from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
@@ -35,6 +39,8 @@ from routing.explain import to_dict
 from routing.features import features as prompt_features
 from routing.policy import choose
 from routing.types import FleetSnapshot, RequestFeatures
+
+log = logging.getLogger("enginegate.admin")
 
 
 class ExplainMessage(BaseModel):
@@ -73,22 +79,64 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 class AdminAuth:
     """The admin key check, as a FastAPI dependency of every admin route (``gateway.api_app`` attaches it):
-    the handlers below assume it ran. One per app: its lockout guard counts failures across routes."""
+    the handlers below assume it ran. One per app: its lockout guard counts failures across routes.
+    ``metrics`` is the same check for ``/metrics`` (its own key and its own lockout count)."""
 
     def __init__(self, state: AppState) -> None:
         admin = state.config.admin
         self._state = state
         self._guard = AdminGuard(admin.max_failures, admin.lockout_s)
+        self._metrics_guard = AdminGuard(admin.max_failures, admin.lockout_s)
+        self._proxies = TrustedProxies(state.config.server.trusted_proxies)
+
+    def client(self, request: Request) -> str:
+        """The client's address (``server.trusted_proxies`` says whose ``X-Forwarded-For`` counts)."""
+        cidrs = self._state.config.server.trusted_proxies
+        if self._proxies.cidrs != cidrs:  # a reload changed the list
+            self._proxies = TrustedProxies(cidrs)
+        return self._proxies.client(request.scope)
 
     async def __call__(self, request: Request) -> None:
-        state, guard = self._state, self._guard
-        cfg = state.config.admin
+        cfg = self._state.config.admin
         server = request.scope.get("server")
         if cfg.port is not None and (server is None or server[1] != cfg.port):
-            raise ApiError(404, f"Unknown route: {request.method} {request.url.path}", code="unknown_url")
+            raise ApiError(404, f"Unknown route: {request.method} {clip(request.url.path)}", code="unknown_url")
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-        client = request.client.host if request.client is not None else "unknown"
-        guard.check(key, request.headers.get("authorization"), client)
+        self._check(self._guard, key, request, "admin")
+
+    async def metrics(self, request: Request) -> None:
+        """Refuse a scrape without the metrics key when ``/metrics`` is protected (``metrics:`` in the
+        config): the per-team series say who spends what."""
+        cfg = self._state.config
+        protected = cfg.metrics.protected
+        if protected is None:
+            protected = cfg.metrics.api_key_env is not None or cfg.auth.required
+        if not protected:
+            return
+        env = cfg.metrics.api_key_env or cfg.admin.api_key_env
+        key = os.environ.get(env) if env else None
+        if not key:
+            raise ApiError(
+                403, "/metrics needs a key: set metrics.api_key_env (or admin.api_key_env).",
+                type="permission_error", code="metrics_key_unset",
+            )  # fmt: skip
+        self._check(self._metrics_guard, key, request, "metrics")
+
+    def _check(self, guard: AdminGuard, key: str | None, request: Request, what: str) -> None:
+        address = self.client(request)
+        try:
+            guard.check(key, request.headers.get("authorization"), address)
+        except ApiError as exc:
+            if exc.status in (401, 429):  # a wrong key, or a locked-out address trying again
+                log.warning(
+                    "%s authentication refused", what,
+                    extra={"client": address, "path": clip(request.url.path), "code": exc.code,
+                           "request_id": request.scope.get("enginegate.request_id")},
+                )  # fmt: skip
+            if exc.status == 401 and what != "admin":
+                raise ApiError(401, f"A valid {what} key is required as `Authorization: Bearer <key>`.",
+                               type=exc.type, code=exc.code) from None  # fmt: skip
+            raise
 
 
 def routes(state: AppState) -> list[Route]:
@@ -181,7 +229,7 @@ def routes(state: AppState) -> list[Route]:
         return doc
 
     def unknown_key(key_id: str) -> ApiError:
-        return ApiError(404, f"No API key {key_id}.", code="key_not_found")
+        return ApiError(404, f"No API key {clip(key_id)}.", code="key_not_found")
 
     async def create_key(request: Request) -> Response:
         t = tenancy(request)

@@ -247,6 +247,8 @@ class Health(_Doc):
 class Ready(_Doc):
     status: Literal["ready", "draining", "not_ready"]
     backends: dict[str, bool]
+    reason: str | None = None
+    """Why it is not ready (every backend unhealthy or behind an open circuit breaker, or draining)."""
 
 
 # Admin

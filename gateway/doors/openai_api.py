@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.http.errors import ApiError, bad_request
+from gateway.http.errors import ApiError, bad_request, clip
 
 # Bounds on what a body may hold, checked on the decoded JSON before validation (validating 100,000
 # messages took 0.7 s of event loop to refuse them): OpenAI's 4 stop sequences, each at most
@@ -296,7 +296,7 @@ def parse_body(
         kind = (
             "invalid_type" if err["type"].endswith("_type") or err["type"] == "union_tag_invalid" else "invalid_value"
         )
-        raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param, kind) from None
+        raise bad_request(f"Invalid value for '{clip(param)}': {clip(err['msg'])}.", clip(param), kind) from None
     _check(body)
     return body
 

@@ -13,7 +13,10 @@ from starlette.types import Message, Scope, Send
 _ALLOW_HEADERS = b"authorization, content-type, x-request-id, x-priority, x-tenant, x-ttft-budget-ms, " + (
     b"x-latency-budget-ms, x-slo-ttft-ms, x-slo-tpot-ms, openai-organization, openai-project"
 )
-_EXPOSE = b"x-request-id, x-enginegate-backend, x-enginegate-route, x-enginegate-overhead-ms, retry-after"
+_EXPOSE = (
+    b"x-request-id, x-client-request-id, x-enginegate-backend, x-enginegate-route, x-enginegate-overhead-ms, "
+    b"retry-after"
+)
 
 
 class Cors:

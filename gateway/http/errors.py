@@ -8,6 +8,7 @@ class that matches the status (BadRequestError, NotFoundError, RateLimitError...
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import orjson
@@ -27,6 +28,8 @@ class ApiError(Exception):
         code: str | None = None,
         retry_after: float | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # a backstop: whatever a message quotes, it stays short
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
         super().__init__(message)
         self.status = status
         self.message = message
@@ -47,6 +50,18 @@ class ApiError(Exception):
         return {"retry-after": str(max(1, math.ceil(self.retry_after)))}
 
 
+MAX_MESSAGE_CHARS = 2048
+ECHO_CHARS = 256
+"""What a message quotes of the client's input (a model name, a path, a field name) is shown whole up
+to this length; longer, only its first ``ECHO_SHOWN`` characters and an ellipsis."""
+ECHO_SHOWN = 64
+
+
+def clip(text: str) -> str:
+    """``text`` as an error message may quote it: whole when short, else its beginning and "…"."""
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_SHOWN] + "…"
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
@@ -54,7 +69,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def model_not_found(model: str) -> ApiError:
     return ApiError(
         404,
-        f"The model `{model}` does not exist or you do not have access to it.",
+        f"The model `{clip(model)}` does not exist or you do not have access to it.",
         param="model",
         code="model_not_found",
     )
@@ -72,11 +87,34 @@ _KIND = {
 }
 
 
+_WORDS = {
+    ErrorKind.OVERLOADED: "The engines serving the model are overloaded; retry after the Retry-After interval.",
+    ErrorKind.TIMEOUT: "The engine serving the model did not answer in time.",
+    ErrorKind.CONNECT: "The engine serving the model could not be reached.",
+    ErrorKind.UPSTREAM: "The engine serving the model failed while answering.",
+    ErrorKind.PROTOCOL: "The engine serving the model sent an answer the gateway could not read.",
+    ErrorKind.INTERNAL: "The gateway hit an internal error; the request id identifies it in the logs.",
+    ErrorKind.BAD_REQUEST: "The engine refused the request as invalid.",
+    ErrorKind.CONTEXT_LENGTH: "The request does not fit the model's context: shorten the prompt or lower max_tokens.",
+}
+"""The gateway's own words for each kind of engine failure."""
+_REFUSALS = (ErrorKind.BAD_REQUEST, ErrorKind.CONTEXT_LENGTH)
+"""Kinds whose engine words may reach the client: they say what to change in the request."""
+_HEAD = re.compile(r"^\S+ (?:answered \d{3}|stream error): ")
+"""How ``backends.http_errors`` starts a message: the backend's name and what it did."""
+_RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ufffd]|<(?!(?:url|path|host|source)>)[A-Za-z/!?]|^\s*[{\[]")
+"""Bytes no sentence holds: control characters, undecodable bytes, markup, JSON."""
+
+
 def from_backend(exc: BackendError) -> ApiError:
-    """The client's view of an engine failure: no engine hosts, URLs, paths or tracebacks (those stay in
-    ``exc.detail``, for the logs)."""
+    """The client's view of an engine failure, in the gateway's words: what kind of failure it was. Only
+    a refusal of the request (bad request, too long) keeps the engine's explanation, without the
+    backend's name, hosts, URLs, paths or tracebacks, and only when it reads as a sentence. The
+    engine's own words stay in ``exc.detail``, logged with the request id (``RequestLife``)."""
     status, type_, code = _KIND[exc.kind]
-    message = client_text(exc.message)
+    message = _WORDS[exc.kind]
+    if exc.kind in _REFUSALS:
+        message = _refusal(exc) or message
     return ApiError(status, message, type=type_, param=exc.param, code=code, retry_after=exc.retry_after)
 
 
@@ -86,3 +124,13 @@ def error_for_json(exc: Exception) -> ApiError:
         f"with Content-Type: application/json ({exc}).",
         code="invalid_json",
     )
+
+
+def _refusal(exc: BackendError) -> str:
+    """The engine's explanation of a refusal, fit for the client, or "" when it has none such."""
+    text = _HEAD.sub("", exc.message, count=1)
+    for name, _ in exc.failures:
+        text = text.removeprefix(f"{name}: ")
+    if _RAW.search(text):
+        return ""
+    return client_text(text)

@@ -44,16 +44,26 @@ def event(doc: Any) -> bytes:
 
 class Exchange:
     def __init__(
-        self, receive: Receive, send: Send, request_id: str, error_body: Callable[[ApiError], bytes] | None = None
+        self,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        error_body: Callable[[ApiError], bytes] | None = None,
+        client_request_id: str | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
         self.request_id = request_id
+        """The gateway's own id of the request, unique: in logs, response ids and ``x-request-id``."""
+        self.client_request_id = client_request_id
+        """The client's ``x-request-id``, when it sent a plain one: logged and echoed beside ours."""
         self.error_body = error_body
         """The front door's error JSON for an error response; default OpenAI's."""
         self.failure: Callable[[ApiError], bytes] | None = None
         """How the front door ends a stream that failed (its own error events); default OpenAI's."""
         self.headers: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id.encode())]
+        if client_request_id is not None:
+            self.headers.append((b"x-client-request-id", client_request_id.encode()))
         """Sent with the response; handlers add theirs before it starts."""
         self.started = False
         self.left = False

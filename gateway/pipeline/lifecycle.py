@@ -57,6 +57,8 @@ class RequestLife:
         """Tenancy's settlement hook: called once with the usage and whether an answer started, when the
         request's end is recorded; returns the request's cost in dollars (logged)."""
         self._ended = False
+        self._named = state.config.server.backend_headers
+        """Whether answers name their backend and rule (``server.backend_headers``)."""
         self._tried = "none"
         """The last backend an attempt went to (a request cancelled before any answer names it)."""
         self._firsts: dict[str, float] = {}
@@ -132,7 +134,7 @@ class RequestLife:
     def routed(self, model: str, decision: Decision, stream: bool, features: RequestFeatures | None = None) -> None:
         self.model, self.decision, self.stream, self.features = model, decision, stream, features
         self.ex.header("x-enginegate-route", decision.reason.value)
-        if decision.rule:
+        if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
 
     def committed(self, committed: Committed) -> None:
@@ -144,7 +146,8 @@ class RequestLife:
         self.state.metrics.attempt(entry.name, "ok")
         if self.failures:
             self.state.metrics.failover(self.model)
-        self.ex.header("x-enginegate-backend", entry.name)
+        if self._named:
+            self.ex.header("x-enginegate-backend", entry.name)
 
     def overhead_header(self, engine_wait_s: float) -> None:
         """The request's time in the gateway so far minus the time it waited on its engine."""
@@ -209,7 +212,7 @@ class RequestLife:
 
     def refused(self, error: ApiError, cause: BackendError | None = None) -> None:
         """The request ends with an error response (before any answer was sent)."""
-        if self.entry is None and self.failures:
+        if self.entry is None and self.failures and self._named:
             self.ex.header("x-enginegate-backend", self.backend)
         self.overhead_header(self.engine_wait_s)
         if self._open():
@@ -260,6 +263,7 @@ class RequestLife:
             "request",
             extra={
                 "request_id": self.ex.request_id,
+                "client_request_id": self.ex.client_request_id,
                 "route": self.route,
                 "model": self.model,
                 "backend": backend,

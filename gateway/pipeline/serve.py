@@ -17,7 +17,7 @@ import orjson
 
 from backends.base import BackendError, Chunk, GenerationRequest, Usage
 from backends.capabilities import needs, without
-from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
+from gateway.http.errors import ApiError, clip, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Deadlines
@@ -36,30 +36,30 @@ log = logging.getLogger("enginegate.request")
 
 
 def _unsupported(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
-    """400 naming the field no backend serving the model can honour, and what each backend lacks."""
+    """400 naming the field no backend serving the model can honour (which backend lacks what is the
+    operator's to read, in ``/admin/route/explain``: backend names are not shown to clients)."""
     lacks = decision.lacks
-    why = "; ".join(f"{name} lacks {', '.join(items)}" for name, items in lacks.items())
     for extra in sorted(extras):
         if all(extra in items for items in lacks.values()):
             return ApiError(
                 400,
-                f"Unrecognized request argument supplied: {extra} (no backend serving `{model}` understands it).",
-                param=extra,
+                f"Unrecognized request argument supplied: {clip(extra)} (no backend serving `{model}` understands it).",
+                param=clip(extra),
                 code="unknown_parameter",
             )
     for feature, param in wanted.items():
         if all(feature in items for items in lacks.values()):
             return ApiError(
                 400,
-                f"'{param}' cannot be honoured for `{model}`: no backend serving it supports {feature} ({why}).",
+                f"'{param}' cannot be honoured for `{model}`: no backend serving it supports {feature}.",
                 param=param,
                 code="unsupported_parameter",
             )
     params = sorted({wanted.get(item, item) for items in lacks.values() for item in items})
     return ApiError(
         400,
-        f"No backend serving `{model}` supports all of {', '.join(params)} together ({why}).",
-        param=params[0] if params else None,
+        f"No backend serving `{model}` supports all of {', '.join(clip(p) for p in params)} together.",
+        param=clip(params[0]) if params else None,
         code="unsupported_parameter",
     )
 
@@ -86,7 +86,8 @@ def no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras
             retry_after=decision.retry_after_s or 1.0,
         )
     if decision.reason is Reason.NOTHING_FITS:
-        why = "; ".join(f"{name}: {text}" for name, text in decision.excluded.items())
+        # Why each backend cannot take it, without the backends' (or the rules') names.
+        why = "; ".join(sorted({"a routing rule" if t.startswith("rule ") else t for t in decision.excluded.values()}))
         return ApiError(400, f"No backend can hold this request for `{model}` ({why}).", code="context_length_exceeded")
     return ApiError(
         503,
@@ -175,6 +176,8 @@ async def _serve(
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(gen.model, decision, stream, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
+        # The client is told why without backend names; the log has each backend's reason.
+        log.info("no backend can take the request", extra={"request_id": ex.request_id, "excluded": decision.excluded})
         raise no_candidates(decision, gen.model, wanted, extras)
     if key is not None and tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others

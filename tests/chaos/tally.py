@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,22 +64,29 @@ def gateway_log(
     path: Path,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """(the request line per request id, every line per request id, error-level lines) from the gateway's
-    JSON log."""
-    requests: dict[str, dict[str, Any]] = {}
-    lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    errors: list[dict[str, Any]] = []
+    JSON log. The ids are the clients' own (``client_request_id``, which the request line pairs with the
+    gateway's id); a line of a request without one keeps the gateway's."""
+    docs: list[dict[str, Any]] = []
     for raw in path.read_text().splitlines():
         try:
             doc = json.loads(raw)
         except json.JSONDecodeError:
             continue
-        if not isinstance(doc, dict):
-            continue
-        if doc.get("level") in ("error", "critical"):
-            errors.append(doc)
+        if isinstance(doc, dict):
+            docs.append(doc)
+    theirs = {
+        d["request_id"]: d["client_request_id"]
+        for d in docs
+        if d.get("msg") == "request" and isinstance(d.get("client_request_id"), str)
+    }
+    requests: dict[str, dict[str, Any]] = {}
+    lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    errors = [d for d in docs if d.get("level") in ("error", "critical")]
+    for doc in docs:
         rid = doc.get("request_id")
         if not isinstance(rid, str):
             continue
+        rid = theirs.get(rid, rid)
         lines[rid].append(doc)
         if doc.get("msg") == "request":
             requests[rid] = doc
@@ -121,6 +128,9 @@ def analyse(
 ) -> Figures:
     fig = Figures()
     requests, lines, errors = gateway_log(log_path)
+    # Engines see the gateway's own request id: named by the client's, through the request lines.
+    theirs = {doc["request_id"]: rid for rid, doc in requests.items() if isinstance(doc.get("request_id"), str)}
+    upstream = [replace(u, header=theirs.get(u.header, u.header)) for u in upstream]
     by_rid = {r.spec.rid: r for r in results}
     ups: dict[str, list[Upstream]] = defaultdict(list)
     for u in upstream:

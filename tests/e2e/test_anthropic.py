@@ -107,7 +107,7 @@ def test_errors_are_anthropics(client: anthropic.Anthropic, gw: GatewayProcess) 
             model="demo-ct2", max_tokens=5, messages=HELLO, tools=[WEATHER], tool_choice={"type": "any"}
         )
     assert (
-        "cannot be honoured" in forced.value.message and "ct2-only lacks tool_choice_required" in forced.value.message
+        "cannot be honoured" in forced.value.message and "no backend serving it supports tools" in forced.value.message
     )
 
 

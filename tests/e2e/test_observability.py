@@ -52,9 +52,10 @@ def test_logs_are_json_with_request_context_and_never_prompt_text(gateway: Gatew
     )
     assert resp.status_code == 200
     lines = [json.loads(line) for line in gateway.log.read_text().splitlines() if line.startswith("{")]
-    mine = [entry for entry in lines if entry.get("request_id") == "trace-me-123"]
+    mine = [entry for entry in lines if entry.get("client_request_id") == "trace-me-123"]
     assert len(mine) == 1
     entry = mine[0]
+    assert entry["request_id"] == resp.headers["x-request-id"] != "trace-me-123"  # the gateway's own id
     assert entry["model"] == "enginegate-demo" and entry["backend"] == "ct2-main" and entry["outcome"] == "ok"
     assert entry["route_reason"] == "no_budget" and entry["completion_tokens"] == 5 and entry["ttft_ms"] > 0
     log_text = gateway.log.read_text()

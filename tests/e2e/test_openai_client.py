@@ -192,9 +192,9 @@ def test_malformed_json_and_wrong_types_get_clear_errors_and_server_keeps_servin
     assert resp.choices[0].message.content == GREETING_REPLY
 
 
-def test_request_id_is_echoed(gateway: GatewayProcess) -> None:
+def test_the_clients_request_id_is_echoed_beside_the_gateways(gateway: GatewayProcess) -> None:
     resp = httpx.get(f"{gateway.base_url}/v1/models", headers={"x-request-id": "abc-123"})
-    assert resp.headers["x-request-id"] == "abc-123"
+    assert resp.headers["x-client-request-id"] == "abc-123" and resp.headers["x-request-id"] != "abc-123"
     assert httpx.get(f"{gateway.base_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{gateway.base_url}/readyz")
     assert ready.status_code == 200 and all(ready.json()["backends"].values())

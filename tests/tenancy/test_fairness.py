@@ -18,6 +18,8 @@ from tests.polling import wait_until
 from tests.tenancy.gateways import config_text, keys_cli
 
 HI: Any = [{"role": "user", "content": "hi"}]
+ADMIN_KEY = "admin-key-for-scrapes"
+SCRAPE = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def test_a_key_is_over_its_share_only_with_others_active_in_its_class() -> None:
@@ -35,7 +37,7 @@ def test_a_key_is_over_its_share_only_with_others_active_in_its_class() -> None:
 
 
 def in_flight(gw: GatewayProcess) -> float:
-    text = httpx.get(f"{gw.base_url}/metrics", timeout=5).text
+    text = httpx.get(f"{gw.base_url}/metrics", headers=SCRAPE, timeout=5).text
     found = re.search(r'^enginegate_requests_in_flight\{route="chat"\} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
 
@@ -44,10 +46,10 @@ def test_a_flooding_key_cannot_starve_another_on_a_saturated_backend(
     tmp_path: Path, engine: Engine, cache_dir: Path
 ) -> None:
     config = tmp_path / "gateway.yaml"
-    config.write_text(config_text(engine, "required: true", slots=2))
+    config.write_text(config_text(engine, "required: true", slots=2, admin="api_key_env: EG_TEST_ADMIN"))
     flood = keys_cli(config, "create", "--name", "flood")["key"]
     polite = keys_cli(config, "create", "--name", "polite")["key"]
-    gw = GatewayProcess(config, cache_dir)
+    gw = GatewayProcess(config, cache_dir, env={"EG_TEST_ADMIN": ADMIN_KEY})  # /metrics needs it: keys are required
 
     async def run() -> tuple[list[Any], Any, Any]:
         a = openai.AsyncOpenAI(base_url=f"{gw.base_url}/v1", api_key=flood, max_retries=0, timeout=60)

@@ -18,18 +18,21 @@ from tests.polling import wait_until
 from tests.tenancy.gateways import config_text, keys_cli
 
 HI: Any = [{"role": "user", "content": "hi"}]
+ADMIN_KEY = "admin-key-for-scrapes"
 
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> Path:
     path = tmp_path_factory.mktemp("keys") / "gateway.yaml"
-    path.write_text(config_text(engine, "required: true, cache_s: 0.2, usage_flush_s: 0.2"))
+    # With keys required, /metrics asks for a key: the admin key, without a metrics key of its own.
+    auth = "required: true, cache_s: 0.2, usage_flush_s: 0.2"
+    path.write_text(config_text(engine, auth, admin="api_key_env: EG_TEST_ADMIN"))
     return path
 
 
 @pytest.fixture(scope="module")
 def gateway(config: Path, cache_dir: Path) -> Iterator[GatewayProcess]:
-    gw = GatewayProcess(config, cache_dir)
+    gw = GatewayProcess(config, cache_dir, env={"EG_TEST_ADMIN": ADMIN_KEY})
     yield gw
     gw.stop()
 
@@ -151,7 +154,8 @@ def test_usage_is_recorded_per_key_and_model_and_keys_stay_out_of_logs_and_metri
         "requests": 3, "prompt_tokens": 24, "completion_tokens": 15, "cached_tokens": 0, "cost_usd": 0.054,
     }  # fmt: skip
     assert doc["by_model"]["slow"]["completion_tokens"] == 4
-    metrics = httpx.get(f"{gateway.base_url}/metrics").text
+    assert httpx.get(f"{gateway.base_url}/metrics").status_code == 401  # per-team spend is not for anyone
+    metrics = httpx.get(f"{gateway.base_url}/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text
     assert 'enginegate_team_tokens_total{kind="completion",team="red"} 19.0' in metrics
     assert 'enginegate_team_spend_usd_total{team="red"}' in metrics
     secret = made["key"].split("_", 1)[1]

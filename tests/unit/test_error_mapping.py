@@ -82,7 +82,20 @@ def test_clients_get_no_engine_internals_and_logs_keep_them() -> None:
     assert err.kind is ErrorKind.UPSTREAM and err.message == "b1 answered 500: the engine failed"
     assert "10.1.2.3" in err.detail and "Traceback" in err.detail
     rendered = from_backend(err).body()["error"]["message"]
-    assert rendered == err.message
+    assert rendered == "The engine serving the model failed while answering."  # the gateway's words, no name
+
+
+def test_a_refusal_reaches_the_client_without_the_backend_name_or_raw_bytes() -> None:
+    body = b'{"object":"error","message":"top_p must be in (0, 1], got 7.","code":400}'
+    vllm = from_response("gpu-b1", 400, body, {})
+    assert from_backend(vllm).message == "top_p must be in (0, 1], got 7."
+    for raw in (b"<html><body>400 Bad Request</body></html>", b"\x00\x9f\xff binary"):
+        err = from_response("gpu-b1", 400, raw, {})
+        assert err.kind is ErrorKind.BAD_REQUEST
+        assert from_backend(err).message == "The engine refused the request as invalid."
+    named = BackendError(ErrorKind.BAD_REQUEST, "tgi-7: TGI cannot take tools and response_format together")
+    named.failures = [("tgi-7", named)]
+    assert from_backend(named).message == "TGI cannot take tools and response_format together"
 
 
 def test_a_bad_request_keeps_the_engines_words_without_hosts_or_paths() -> None:
