@@ -267,7 +267,9 @@ class HttpBackend(abc.ABC):
         if request.messages is None:
             return request.prompt or ""
         tools = request.tools if request.tool_choice != "none" else ()
-        return self._chat.render(request.messages, tools=list(tools) if tools else None)
+        return self._chat.render(
+            request.messages, tools=list(tools) if tools else None, continue_final=request.continue_final
+        )
 
     async def json_events(
         self, request: GenerationRequest, response: Response, trust_status: bool = True

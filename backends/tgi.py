@@ -190,7 +190,7 @@ class _TgiBase(HttpBackend):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without details")
         raw = str(details.get("finish_reason", "eos_token"))
         usage = Usage(int(details.get("input_length") or 0), int(details.get("generated_tokens") or 0))
-        yield Chunk(text=stops.flush(), finish_reason=FINISH.get(raw, raw), usage=usage)
+        yield Chunk(text=stops.flush(), finish_reason=FINISH.get(raw, raw), usage=usage, stop_sequence=stops.matched)
 
 
 def image_markdown(message: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +214,16 @@ class TgiBackend(_TgiBase):
     engine = "tgi"
     capabilities: ClassVar[Capabilities] = Capabilities(
         features=frozenset(
-            {cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED, cap.IMAGES}
+            {
+                cap.TOOLS,
+                cap.JSON_OBJECT,
+                cap.JSON_SCHEMA,
+                cap.LOGPROBS,
+                cap.TOP_LOGPROBS,
+                cap.SEED,
+                cap.IMAGES,
+                cap.PREFILL,
+            }
         ),
         extras=NATIVE_EXTRAS,
         tools_in_prompt=True,
@@ -446,4 +455,11 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
         if usage is None:
             usage = Usage(estimate_tokens(prompt_text(request)), pieces)
-        yield Chunk(text="" if calls else stops.flush(), finish_reason=finish, usage=usage, tool_calls=ends)
+        matched = stops.matched if finish == "stop" else None
+        yield Chunk(
+            text="" if calls else stops.flush(),
+            finish_reason=finish,
+            usage=usage,
+            tool_calls=ends,
+            stop_sequence=matched,
+        )

@@ -21,6 +21,8 @@ against vLLM 0.32 on CPU, the engine ``make test`` runs). What each needs from t
   vLLM refuses ``n`` > 1 at temperature 0, so greedy choices are asked as ``top_k`` 1 sampling).
 - images: ``image_url`` parts go as they are; vLLM answers them only for a multimodal model ("... is
   not a multimodal model" otherwise), which the model entry says.
+- ``assistant_prefill`` (a final assistant message continued): ``continue_final_message: true`` with
+  ``add_generation_prompt: false``, vLLM's own fields (the template renders that turn open).
 - Cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``) are reported only with
   ``--enable-prompt-tokens-details``.
 
@@ -50,7 +52,7 @@ LOAD = LoadMap(
 FEATURES = frozenset(
     {
         cap.TOOLS, cap.TOOL_CHOICE_REQUIRED, cap.PARALLEL_TOOL_CALLS, cap.JSON_OBJECT, cap.JSON_SCHEMA,
-        cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES, cap.LOGIT_BIAS, cap.SEED, cap.ECHO, cap.IMAGES,
+        cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES, cap.LOGIT_BIAS, cap.SEED, cap.ECHO, cap.IMAGES, cap.PREFILL,
     }
 )  # fmt: skip
 EXTRAS = frozenset(
@@ -72,6 +74,8 @@ class VLLMBackend(OpenAICompatBackend):
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)
+        if request.continue_final and request.messages is not None:
+            fields |= {"continue_final_message": True, "add_generation_prompt": False}
         if request.n > 1 and request.greedy:
             # vLLM refuses n > 1 at temperature 0; sampling from the single likeliest token is greedy.
             fields |= {"temperature": 1.0, "top_k": 1}

@@ -206,9 +206,41 @@ def _validated(data: Any, limits: LimitsConfig, body_type: type[C]) -> C:
         param, err = deepest(exc, _param)
         raise _invalid("Field required" if err["type"] == "missing" else err["msg"], param) from None
     choice = body.tool_choice
+    if choice is not None and not body.tools:
+        raise _invalid("tool_choice may only be specified while providing tools.", "tool_choice")
     if isinstance(choice, ToolChoiceTool) and not any(t.name == choice.name for t in body.tools or ()):
         raise _invalid(f"Tool '{choice.name}' is not one of the tools given.", "tool_choice.name")
+    _check_contents(body.messages)
     return body
+
+
+def _check_contents(messages: list[Message]) -> None:
+    """Anthropic's rules for content: every message has some (the final assistant one may be empty: no
+    prefill), no text block is empty, and a prefill (a final assistant turn, continued) is text that does
+    not end in whitespace, since the answer's first token would have to start inside it."""
+    last = len(messages) - 1
+    for i, m in enumerate(messages):
+        blocks = [m.content] if isinstance(m.content, str) else m.content
+        prefill = i == last and m.role == "assistant"
+        if not blocks or (isinstance(m.content, str) and not m.content):
+            if not prefill:
+                raise _invalid(
+                    "all messages must have non-empty content except for the optional final assistant message",
+                    f"messages.{i}.content",
+                )
+            continue
+        for j, b in enumerate(blocks):
+            if isinstance(b, TextBlock) and not b.text:
+                raise _invalid("text content blocks must be non-empty", f"messages.{i}.content.{j}.text")
+        if prefill:
+            if any(isinstance(b, ToolUseBlock) for b in blocks):
+                raise _invalid(
+                    "a final assistant message is continued as text: it cannot hold tool_use blocks",
+                    f"messages.{i}.content",
+                )
+            text = m.content if isinstance(m.content, str) else _text(m.content)
+            if text != text.rstrip():
+                raise _invalid("final assistant content cannot end with trailing whitespace", f"messages.{i}.content")
 
 
 def parse_conversation(data: Any, limits: LimitsConfig) -> Conversation:
@@ -276,7 +308,13 @@ def prompt_of(body: Conversation, request_id: str) -> GenerationRequest:
     system = _text(body.system) if body.system is not None else ""
     if system:
         messages.append({"role": "system", "content": system})
-    for m in body.messages:
+    final = body.messages[-1]
+    # A final assistant turn is a prefill: the answer continues it. An empty one is no prefill at all.
+    prefill = final.role == "assistant" and bool(
+        final.content if isinstance(final.content, str) else _text(final.content)
+    )
+    turns = body.messages if prefill or final.role != "assistant" else body.messages[:-1]
+    for m in turns:
         messages.extend(_turn(m))
     choice = body.tool_choice
     tool_choice: str | dict[str, Any] | None = None
@@ -305,6 +343,7 @@ def prompt_of(body: Conversation, request_id: str) -> GenerationRequest:
         tools=tools,
         tool_choice=tool_choice if tools else None,
         parallel_tool_calls=False if single and tools else None,
+        continue_final=prefill,
     )
 
 
