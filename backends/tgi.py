@@ -166,6 +166,14 @@ class _TgiBase(HttpBackend):
         value = (self.info or {}).get("max_total_tokens")
         return int(value) if isinstance(value, int) else None
 
+    async def tokenized(self, request: GenerationRequest, text: str) -> int:
+        """Tokens in ``text`` by TGI's ``POST /tokenize`` (its router's tokenizer: what it counts as
+        ``input_length``); the answer is a list of ``{id, text, start, stop}``."""
+        doc = await self.post_json(request, "/tokenize", {"inputs": text})
+        if not isinstance(doc, list):
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: /tokenize answered {str(doc)[:200]}, not tokens")
+        return len(doc)
+
     async def native(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         """The request on TGI's native ``/generate_stream``."""
         prompt = await self.render_prompt(request)
@@ -232,6 +240,10 @@ class TgiBackend(_TgiBase):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         return self.native(request)
+
+    async def count_prompt(self, request: GenerationRequest) -> int:
+        """The prompt ``generate`` sends (chat rendered here, tools and prefill included), by TGI's tokenizer."""
+        return await self.tokenized(request, await self.render_prompt(request))
 
     def prompt_text(self, request: GenerationRequest) -> str:
         messages = request.messages
@@ -381,6 +393,17 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
         elif request.logprobs:
             return _without_end_logprobs(super().generate(request))
         return super().generate(request)
+
+    async def count_prompt(self, request: GenerationRequest) -> int:
+        """TGI's ``POST /chat_tokenize``: the chat request as ``generate`` sends it, templated by TGI the way
+        its Messages API templates it (the tool prompt included), then tokenized."""
+        if request.messages is None:
+            return await self.tokenized(request, request.prompt or "")
+        doc = await self.post_json(request, "/chat_tokenize", self.payload(request))
+        tokens = doc.get("tokenize_response") if isinstance(doc, dict) else None
+        if not isinstance(tokens, list):
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: /chat_tokenize answered without tokens")
+        return len(tokens)
 
     def both_tools_and_format(self) -> BackendError:
         """TGI forces a tool call with a grammar of its own, so it refuses ``tools`` beside

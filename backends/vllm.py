@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from backends import capabilities as cap
-from backends.base import GenerationRequest
+from backends.base import BackendError, ErrorKind, GenerationRequest
 from backends.capabilities import Capabilities
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
@@ -65,12 +65,35 @@ EXTRAS = frozenset(
 CAPABILITIES = Capabilities(FEATURES, EXTRAS, native_n=True)
 
 
+def tokenize_count(name: str, doc: Any) -> int:
+    """``count`` of vLLM's TokenizeResponse (``{count, max_model_len, tokens}``)."""
+    count = doc.get("count") if isinstance(doc, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise BackendError(ErrorKind.PROTOCOL, f"{name}: /tokenize answered without a count")
+    return count
+
+
 class VLLMBackend(OpenAICompatBackend):
     engine = "vllm"
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
     capabilities: ClassVar[Capabilities] = CAPABILITIES
+
+    async def count_prompt(self, request: GenerationRequest) -> int:
+        """vLLM's ``POST /tokenize``: a chat is rendered there with the served model's own template, tools
+        and prefill as ``generate`` sends them, so the count is the ``usage.prompt_tokens`` vLLM reports."""
+        body: dict[str, Any] = {"model": self.settings.served_model}
+        if request.messages is None:
+            body["prompt"] = request.prompt or ""
+        else:
+            body["messages"] = request.messages
+            if request.tools and cap.TOOLS in self.capabilities.features:
+                body["tools"] = list(request.tools)
+            if request.continue_final:
+                body |= {"continue_final_message": True, "add_generation_prompt": False}
+        doc = await self.post_json(request, "/tokenize", body)
+        return tokenize_count(self.name, doc)
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)
