@@ -40,7 +40,7 @@ class CacheControl(_Strict):
 
 class TextBlock(_Strict):
     type: Literal["text"]
-    text: str
+    text: Annotated[str, Field(min_length=1)]
     cache_control: CacheControl | None = None
     citations: list[Any] | None = None
 
@@ -101,6 +101,17 @@ Block = Annotated[
 
 
 class Message(_Strict):
+    # The document says what the handler checks: a user message has content (only a final assistant
+    # message may be empty, which a schema of one message cannot see).
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "user"}}},
+            "then": {"properties": {"content": {"minLength": 1, "minItems": 1}}},
+        },
+    )
+
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
@@ -141,8 +152,17 @@ class Metadata(_Strict):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
 
+NEEDS_TOOLS: dict[str, Any] = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
+"""JSON Schema for "``tool_choice`` only with ``tools``" (the OpenAPI document states the handlers' rule)."""
+
+
 class Conversation(_Strict):
     """What a message's prompt is made of: the body of ``POST /v1/messages/count_tokens``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=NEEDS_TOOLS)
 
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[Message], Field(min_length=1)]
@@ -155,7 +175,9 @@ class MessagesBody(Conversation):
     """The request body of ``POST /v1/messages``."""
 
     max_tokens: Annotated[int, Field(ge=1)]
-    stop_sequences: Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    stop_sequences: (
+        Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None
+    ) = None
     stream: bool | None = False
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -216,8 +238,8 @@ def _validated(data: Any, limits: LimitsConfig, body_type: type[C]) -> C:
 
 def _check_contents(messages: list[Message]) -> None:
     """Anthropic's rules for content: every message has some (the final assistant one may be empty: no
-    prefill), no text block is empty, and a prefill (a final assistant turn, continued) is text that does
-    not end in whitespace, since the answer's first token would have to start inside it."""
+    prefill), and a prefill (a final assistant turn, continued) is text that does not end in whitespace,
+    since the answer's first token would have to start inside it. (Empty text blocks fail validation.)"""
     last = len(messages) - 1
     for i, m in enumerate(messages):
         blocks = [m.content] if isinstance(m.content, str) else m.content
@@ -229,9 +251,6 @@ def _check_contents(messages: list[Message]) -> None:
                     f"messages.{i}.content",
                 )
             continue
-        for j, b in enumerate(blocks):
-            if isinstance(b, TextBlock) and not b.text:
-                raise _invalid("text content blocks must be non-empty", f"messages.{i}.content.{j}.text")
         if prefill:
             if any(isinstance(b, ToolUseBlock) for b in blocks):
                 raise _invalid(
