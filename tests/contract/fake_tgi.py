@@ -188,6 +188,22 @@ async def read_json(request: Request) -> Any:
         raise BadBody(f"Failed to parse the JSON body into the target type: {exc}") from None
 
 
+async def read_chat(
+    request: Request,
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None, str | tuple[str, str], dict[str, Any] | None]:
+    """A ChatRequest as serde reads it: the body, its tools, tool choice and grammar; ``BadBody`` if not."""
+    body = check(await read_json(request), CHAT_SPEC, required=("messages",))
+    check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
+    check_messages(body["messages"])
+    tools = parse_tools(body.get("tools"))
+    return (
+        body,
+        tools,
+        parse_tool_choice(body.get("tool_choice")),
+        parse_grammar(body.get("response_format"), "response_format"),
+    )
+
+
 def rejected(exc: BadBody) -> Response:
     text = str(exc)
     return PlainTextResponse(text, 422 if text.startswith(DESERIALIZE) else 415 if "Content-Type" in text else 400)
@@ -882,14 +898,10 @@ class FakeTGI:
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = check(await read_json(request), CHAT_SPEC, required=("messages",))
-            opts = check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
-            check_messages(body["messages"])
-            tools = parse_tools(body.get("tools"))
-            choice = parse_tool_choice(body.get("tool_choice"))
-            fmt = parse_grammar(body.get("response_format"), "response_format")
+            body, tools, choice, fmt = await read_chat(request)
         except BadBody as exc:
             return rejected(exc)
+        opts = body.get("stream_options", {})
         self.record("/v1/chat/completions", body)
         self.count("tgi_request_count")
         model = self.model_id if body.get("model") in (None, "tgi") else body["model"]
@@ -1050,11 +1062,7 @@ class FakeTGI:
         """server.rs get_chat_tokenize: the ChatRequest made into its generate request (template, tools and
         tool prompt as the chat route makes them), its inputs tokenized."""
         try:
-            body = check(await read_json(request), CHAT_SPEC, required=("messages",))
-            check_messages(body["messages"])
-            tools = parse_tools(body.get("tools"))
-            choice = parse_tool_choice(body.get("tool_choice"))
-            fmt = parse_grammar(body.get("response_format"), "response_format")
+            body, tools, choice, fmt = await read_chat(request)
         except BadBody as exc:
             return rejected(exc)
         self.count("tgi_request_count")
