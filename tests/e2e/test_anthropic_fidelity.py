@@ -149,3 +149,36 @@ def test_anthropics_rules_are_its_400s(client: anthropic.Anthropic, fields: dict
         body = info.value.body
         assert isinstance(body, dict) and body["type"] == "error"
         assert body["error"]["type"] == "invalid_request_error" and words in body["error"]["message"]
+
+
+def test_on_vllm_count_tokens_prefill_and_stop_sequence_are_vllms_own(
+    vllm_url: str, tmp_path: Path, cache_dir: Path
+) -> None:
+    """A real vLLM serving a model the gateway has no GGUF for: ``count_tokens`` is vLLM's ``/tokenize``
+    of the conversation and tools (equal to the usage vLLM reports for them), a prefill goes out as
+    ``continue_final_message``, and vLLM's ``stop_reason`` names the stop sequence."""
+    config = write_config(
+        tmp_path / "vllm.yaml",
+        f"""
+models: [{{name: hf-demo}}]
+backends: [{{name: vllm, engine: vllm, model: hf-demo, url: "{vllm_url}", served_model: enginegate-demo}}]
+""",
+    )
+    gw = GatewayProcess(config, cache_dir)
+    try:
+        client = anthropic.Anthropic(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=120)
+        tools: Any = [WEATHER]
+        counted = client.messages.count_tokens(model="hf-demo", messages=QUESTION, tools=tools)
+        msg = client.messages.create(model="hf-demo", max_tokens=16, messages=QUESTION, tools=tools, extra_body=GREEDY)
+        assert counted.input_tokens == msg.usage.input_tokens > 100
+        assert _count(gw, "hf-demo", messages=QUESTION)[1] == "engine:vllm"
+        prefilled: Any = [*HELLO, {"role": "assistant", "content": "Hello! I am the"}]
+        cont = client.messages.create(model="hf-demo", max_tokens=64, messages=prefilled, extra_body=GREEDY)
+        assert "Hello! I am the" + "".join(b.text for b in cont.content if b.type == "text") == GREETING_REPLY
+        assert client.messages.count_tokens(model="hf-demo", messages=prefilled).input_tokens == cont.usage.input_tokens
+        stopped = client.messages.create(
+            model="hf-demo", max_tokens=64, messages=HELLO, stop_sequences=["demo"], extra_body=GREEDY
+        )
+        assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "demo")
+    finally:
+        gw.stop()
