@@ -70,6 +70,9 @@ class GenerationRequest:
     user: str | None = None
     echo: bool = False
     """Completions: the prompt is returned before the answer."""
+    continue_final: bool = False
+    """Chat: the last message is the assistant's and the answer continues it (an Anthropic prefill): the
+    template renders that turn open, without its end-of-turn and without a new generation prompt."""
     clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
 
     @property
@@ -135,6 +138,9 @@ class Chunk:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     """Log probabilities of the tokens behind this chunk's text, when the request asked for them."""
+    stop_sequence: str | None = None
+    """On a choice's last chunk: the request's stop string that ended the answer, where the gateway or
+    the engine matched one (``finish_reason`` is then "stop")."""
 
 
 class ErrorKind(enum.Enum):
@@ -233,6 +239,14 @@ class TokenCounting(Protocol):
     """Optional: engines that count what they generated themselves (in-process engines)."""
 
     generated_tokens: int
+
+
+@runtime_checkable
+class Tokenizing(Protocol):
+    """Optional: engines with a tokenize route, which count a request's prompt as they will see it
+    (chat rendered with their own template, tools included). Raises ``BackendError`` as ``generate`` does."""
+
+    async def count_prompt(self, request: GenerationRequest) -> int: ...
 
 
 @runtime_checkable

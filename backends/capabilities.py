@@ -31,11 +31,14 @@ SEED = "seed"
 IMAGES = "images"
 """``image_url`` content parts (also needs a model entry that takes images)."""
 ECHO = "echo"
+PREFILL = "assistant_prefill"
+"""A final assistant message continued (``continue_final``): the engine renders that turn open and the
+answer continues it, instead of closing it and starting a new turn."""
 
 FEATURES = frozenset(
     {
         TOOLS, TOOL_CHOICE_REQUIRED, PARALLEL_TOOL_CALLS, JSON_OBJECT, JSON_SCHEMA, LOGPROBS, TOP_LOGPROBS,
-        PENALTIES, LOGIT_BIAS, SEED, IMAGES, ECHO,
+        PENALTIES, LOGIT_BIAS, SEED, IMAGES, ECHO, PREFILL,
     }
 )  # fmt: skip
 
@@ -115,6 +118,8 @@ def needs(request: GenerationRequest) -> dict[str, str]:
         out[SEED] = "seed"  # greedy answers are reproducible anyway
     if request.echo:
         out[ECHO] = "echo"
+    if request.continue_final:
+        out[PREFILL] = "messages"
     if request.messages is not None:
         for i, m in enumerate(request.messages):
             content = m.get("content")
@@ -164,6 +169,8 @@ def without(request: GenerationRequest, features: list[str], extras: list[str]) 
             changes["seed"] = None
         elif name == ECHO:
             changes["echo"] = False
+        elif name == PREFILL:
+            changes["continue_final"] = False
         elif name == IMAGES and request.messages is not None:
             changes["messages"] = [text_only(m) for m in request.messages]
     if extras:

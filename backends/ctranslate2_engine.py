@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Health
-from backends.capabilities import ECHO, LOGPROBS, SEED, TOOLS, TOP_LOGPROBS, Capabilities
+from backends.capabilities import ECHO, LOGPROBS, PREFILL, SEED, TOOLS, TOP_LOGPROBS, Capabilities
 from backends.ct2_convert import TOKENIZER_FILE, derive
 from backends.gguf_file import GgufCache
 from backends.hf_tokenizer import encode
@@ -88,7 +88,7 @@ def steps(
 
 class CTranslate2Backend(InProcessEngine):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        features=frozenset({SEED, LOGPROBS, TOP_LOGPROBS, TOOLS, ECHO}),
+        features=frozenset({SEED, LOGPROBS, TOP_LOGPROBS, TOOLS, ECHO, PREFILL}),
         extras=frozenset({"top_k", "repetition_penalty", "ignore_eos", "min_tokens"}),
         tools_in_prompt=True,
     )

@@ -211,6 +211,16 @@ class HttpBackend(abc.ABC):
         finally:
             self.in_flight -= 1
 
+    async def post_json(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Any:
+        """POST ``payload`` to one of the engine's small JSON routes (a tokenizer's) and the parsed answer;
+        errors as ``open_stream`` maps them."""
+        async with self.open_stream(request, path, payload) as response:
+            body = await self._read(response, request.clock)
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {path} answered {body[:200]!r}, not JSON") from exc
+
     def _request_error(self, exc: OSError) -> BackendError:
         """A request that got no response head."""
         if isinstance(exc, TimeoutError):
@@ -267,7 +277,9 @@ class HttpBackend(abc.ABC):
         if request.messages is None:
             return request.prompt or ""
         tools = request.tools if request.tool_choice != "none" else ()
-        return self._chat.render(request.messages, tools=list(tools) if tools else None)
+        return self._chat.render(
+            request.messages, tools=list(tools) if tools else None, continue_final=request.continue_final
+        )
 
     async def json_events(
         self, request: GenerationRequest, response: Response, trust_status: bool = True

@@ -132,6 +132,11 @@ class TextAssembler:
     def stopped(self) -> bool:
         return self._stops.stopped
 
+    @property
+    def matched(self) -> str | None:
+        """The stop string that ended the text, once ``stopped``."""
+        return self._stops.matched
+
     def feed(self, token_id: int) -> str:
         """Text that may be sent now; sets ``stopped`` when a stop string completes."""
         return self._stops.feed(self._decoder.decode(self._pieces[token_id]))
@@ -257,7 +262,9 @@ class ThreadedGeneration:
                     yield _chunk(delta, pending)
             tail = "" if text.stopped else text.flush()
             usage = Usage(prompt_tokens, completion)
-            yield Chunk(text=tail, finish_reason=finish, usage=usage, logprobs=tuple(pending))
+            yield Chunk(
+                text=tail, finish_reason=finish, usage=usage, logprobs=tuple(pending), stop_sequence=text.matched
+            )
         finally:
             cancel.set()
 
@@ -375,7 +382,7 @@ class InProcessEngine:
                 param="tools" if tools else "messages",
                 retryable=True,  # another backend of the model may render them with its own template
             )
-        return self._chat.render(request.messages, tools=tools or None)
+        return self._chat.render(request.messages, tools=tools or None, continue_final=request.continue_final)
 
     def logprob_maker(self, request: GenerationRequest) -> LogprobMaker | None:
         """Where the worker builds logprobs, when the request asked for them."""

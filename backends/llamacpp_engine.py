@@ -33,6 +33,7 @@ from backends.capabilities import (
     LOGIT_BIAS,
     LOGPROBS,
     PENALTIES,
+    PREFILL,
     SEED,
     TOOL_CHOICE_REQUIRED,
     TOOLS,
@@ -145,8 +146,11 @@ class StepProcessor:
 
 
 _FEATURES = frozenset(
-    {SEED, LOGPROBS, TOP_LOGPROBS, PENALTIES, LOGIT_BIAS, JSON_OBJECT, JSON_SCHEMA, TOOLS, TOOL_CHOICE_REQUIRED, ECHO}
-)
+    {
+        SEED, LOGPROBS, TOP_LOGPROBS, PENALTIES, LOGIT_BIAS, JSON_OBJECT, JSON_SCHEMA, TOOLS, TOOL_CHOICE_REQUIRED,
+        ECHO, PREFILL,
+    }
+)  # fmt: skip
 # Only fields that take effect: llama-cpp-python takes tfs_z but its sampler chain ignores it.
 _EXTRAS = frozenset(
     {

@@ -74,6 +74,7 @@ def uses_fields(req: GenerationRequest) -> bool:
         or req.echo
         or req.tool_choice is not None
         or req.parallel_tool_calls is not None
+        or req.continue_final
     )
 
 
@@ -403,10 +404,15 @@ class OpenAICompatBackend(HttpBackend):
             state = states[index]
             # Held text that starts the stop string the engine says it stopped on is not the answer.
             reason = state.stop_reason
-            tail = "" if isinstance(reason, str) and reason in request.stop else state.stops.flush()
+            named = reason if isinstance(reason, str) and reason in request.stop else None
+            tail = "" if named is not None else state.stops.flush()
+            matched = state.stops.matched
+            if matched not in request.stop:  # an end-of-turn text, not the client's stop
+                matched = named
             yield Chunk(
                 text=tail,
                 finish_reason=state.finish,
                 usage=usage if index == order[-1] else None,
                 index=index,
+                stop_sequence=matched if state.finish == "stop" else None,
             )

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from backends.base import GenerationRequest
+from backends.base import BackendError, ErrorKind, GenerationRequest
 
 # ChatML, with tools rendered as Qwen2.5's template renders them (Hermes-style <tool_call> answers):
 # the template for models that bring none, and the demo model's own. Without tools a conversation
@@ -155,9 +155,22 @@ class ChatRenderer:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(template or CHATML)
 
-    def render(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        continue_final: bool = False,
+    ) -> str:
         """The prompt for ``messages`` with the generation prompt appended; ``tools`` are OpenAI function
-        tools, passed to the template as ``tools`` the way transformers passes them."""
+        tools, passed to the template as ``tools`` the way transformers passes them. ``continue_final``:
+        the last message (the assistant's) is left open for the answer to continue (``open_final``)."""
+        final = messages[-1].get("content") if continue_final and messages else None
+        if continue_final and final:
+            shown = [template_message(m) for m in messages]
+            text = self._template.render(
+                messages=shown, tools=list(tools) if tools else None, add_generation_prompt=False
+            )
+            return open_final(text, shown[-1].get("content"))
         if not tools and _plain(messages):  # the common request: nothing to copy
             return self._template.render(messages=messages, add_generation_prompt=True)
         return self._template.render(
@@ -165,6 +178,25 @@ class ChatRenderer:
             tools=list(tools) if tools else None,
             add_generation_prompt=True,
         )
+
+
+def open_final(rendered: str, content: Any) -> str:
+    """``rendered`` cut just after the final message's text, so its end-of-turn and whatever the template
+    writes after it are gone: the rule of transformers' ``continue_final_message``, which vLLM applies
+    too (a template that trims the text is matched by the trimmed text)."""
+    if isinstance(content, list):  # parts with images: the last text part ends the message
+        texts = [str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        content = texts[-1] if texts else ""
+    text = str(content or "")
+    for wanted in (text, text.strip()):
+        at = rendered.rfind(wanted) if wanted else -1
+        if at >= 0:
+            return rendered[: at + len(wanted)]
+    raise BackendError(
+        ErrorKind.BAD_REQUEST,
+        "The final assistant message cannot be continued: the chat template does not show its text.",
+        param="messages",
+    )
 
 
 class _Prefix:
@@ -220,6 +252,8 @@ class StopStrings:
         self._stop = tuple(_Prefix(s) for s in dict.fromkeys(stop) if s) if stop else ()
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None
+        """The stop string that ended the text (the one that begins first), once ``stopped``."""
 
     def feed(self, text: str) -> str:
         """Text that may be sent now; sets ``stopped`` when a stop string completes."""
@@ -233,7 +267,8 @@ class StopStrings:
             end = p.scan(text)
             if end >= 0:
                 start = len(held) + end - len(p.stop)
-                cut = start if cut < 0 else min(cut, start)
+                if cut < 0 or start < cut:
+                    cut, self.matched = start, p.stop
         if cut >= 0:
             self.stopped = True
             self._held = ""

@@ -166,6 +166,14 @@ class _TgiBase(HttpBackend):
         value = (self.info or {}).get("max_total_tokens")
         return int(value) if isinstance(value, int) else None
 
+    async def tokenized(self, request: GenerationRequest, text: str) -> int:
+        """Tokens in ``text`` by TGI's ``POST /tokenize`` (its router's tokenizer: what it counts as
+        ``input_length``); the answer is a list of ``{id, text, start, stop}``."""
+        doc = await self.post_json(request, "/tokenize", {"inputs": text})
+        if not isinstance(doc, list):
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: /tokenize answered {str(doc)[:200]}, not tokens")
+        return len(doc)
+
     async def native(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         """The request on TGI's native ``/generate_stream``."""
         prompt = await self.render_prompt(request)
@@ -190,7 +198,7 @@ class _TgiBase(HttpBackend):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without details")
         raw = str(details.get("finish_reason", "eos_token"))
         usage = Usage(int(details.get("input_length") or 0), int(details.get("generated_tokens") or 0))
-        yield Chunk(text=stops.flush(), finish_reason=FINISH.get(raw, raw), usage=usage)
+        yield Chunk(text=stops.flush(), finish_reason=FINISH.get(raw, raw), usage=usage, stop_sequence=stops.matched)
 
 
 def image_markdown(message: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +222,16 @@ class TgiBackend(_TgiBase):
     engine = "tgi"
     capabilities: ClassVar[Capabilities] = Capabilities(
         features=frozenset(
-            {cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED, cap.IMAGES}
+            {
+                cap.TOOLS,
+                cap.JSON_OBJECT,
+                cap.JSON_SCHEMA,
+                cap.LOGPROBS,
+                cap.TOP_LOGPROBS,
+                cap.SEED,
+                cap.IMAGES,
+                cap.PREFILL,
+            }
         ),
         extras=NATIVE_EXTRAS,
         tools_in_prompt=True,
@@ -223,6 +240,10 @@ class TgiBackend(_TgiBase):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         return self.native(request)
+
+    async def count_prompt(self, request: GenerationRequest) -> int:
+        """The prompt ``generate`` sends (chat rendered here, tools and prefill included), by TGI's tokenizer."""
+        return await self.tokenized(request, await self.render_prompt(request))
 
     def prompt_text(self, request: GenerationRequest) -> str:
         messages = request.messages
@@ -373,6 +394,17 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
             return _without_end_logprobs(super().generate(request))
         return super().generate(request)
 
+    async def count_prompt(self, request: GenerationRequest) -> int:
+        """TGI's ``POST /chat_tokenize``: the chat request as ``generate`` sends it, templated by TGI the way
+        its Messages API templates it (the tool prompt included), then tokenized."""
+        if request.messages is None:
+            return await self.tokenized(request, request.prompt or "")
+        doc = await self.post_json(request, "/chat_tokenize", self.payload(request))
+        tokens = doc.get("tokenize_response") if isinstance(doc, dict) else None
+        if not isinstance(tokens, list):
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: /chat_tokenize answered without tokens")
+        return len(tokens)
+
     def both_tools_and_format(self) -> BackendError:
         """TGI forces a tool call with a grammar of its own, so it refuses ``tools`` beside
         ``response_format`` ("Grammar and tools are mutually exclusive"); another backend may take both."""
@@ -446,4 +478,11 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
         if usage is None:
             usage = Usage(estimate_tokens(prompt_text(request)), pieces)
-        yield Chunk(text="" if calls else stops.flush(), finish_reason=finish, usage=usage, tool_calls=ends)
+        matched = stops.matched if finish == "stop" else None
+        yield Chunk(
+            text="" if calls else stops.flush(),
+            finish_reason=finish,
+            usage=usage,
+            tool_calls=ends,
+            stop_sequence=matched,
+        )

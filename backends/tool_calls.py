@@ -327,10 +327,11 @@ async def with_tool_calls(
                 out.append(replace(chunk, text=text, finish_reason=None, usage=None, tool_calls=()))
             out += [Chunk(index=chunk.index, tool_calls=(d,)) for d in calls]
             if finish is not None or chunk.usage is not None:
+                stop = chunk.stop_sequence if finish == "stop" else None
                 if out:
-                    out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage)
+                    out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage, stop_sequence=stop)
                 else:
-                    out.append(Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage))
+                    out.append(Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage, stop_sequence=stop))
             if not out:
                 if chunk.more:
                     continue

@@ -21,6 +21,8 @@ against vLLM 0.32 on CPU, the engine ``make test`` runs). What each needs from t
   vLLM refuses ``n`` > 1 at temperature 0, so greedy choices are asked as ``top_k`` 1 sampling).
 - images: ``image_url`` parts go as they are; vLLM answers them only for a multimodal model ("... is
   not a multimodal model" otherwise), which the model entry says.
+- ``assistant_prefill`` (a final assistant message continued): ``continue_final_message: true`` with
+  ``add_generation_prompt: false``, vLLM's own fields (the template renders that turn open).
 - Cached prompt tokens (``usage.prompt_tokens_details.cached_tokens``) are reported only with
   ``--enable-prompt-tokens-details``.
 
@@ -35,7 +37,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from backends import capabilities as cap
-from backends.base import GenerationRequest
+from backends.base import BackendError, ErrorKind, GenerationRequest
 from backends.capabilities import Capabilities
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
@@ -50,7 +52,7 @@ LOAD = LoadMap(
 FEATURES = frozenset(
     {
         cap.TOOLS, cap.TOOL_CHOICE_REQUIRED, cap.PARALLEL_TOOL_CALLS, cap.JSON_OBJECT, cap.JSON_SCHEMA,
-        cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES, cap.LOGIT_BIAS, cap.SEED, cap.ECHO, cap.IMAGES,
+        cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES, cap.LOGIT_BIAS, cap.SEED, cap.ECHO, cap.IMAGES, cap.PREFILL,
     }
 )  # fmt: skip
 EXTRAS = frozenset(
@@ -63,6 +65,14 @@ EXTRAS = frozenset(
 CAPABILITIES = Capabilities(FEATURES, EXTRAS, native_n=True)
 
 
+def tokenize_count(name: str, doc: Any) -> int:
+    """``count`` of vLLM's TokenizeResponse (``{count, max_model_len, tokens}``)."""
+    count = doc.get("count") if isinstance(doc, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise BackendError(ErrorKind.PROTOCOL, f"{name}: /tokenize answered without a count")
+    return count
+
+
 class VLLMBackend(OpenAICompatBackend):
     engine = "vllm"
     health_path = "/health"
@@ -70,8 +80,25 @@ class VLLMBackend(OpenAICompatBackend):
     load_map = LOAD
     capabilities: ClassVar[Capabilities] = CAPABILITIES
 
+    async def count_prompt(self, request: GenerationRequest) -> int:
+        """vLLM's ``POST /tokenize``: a chat is rendered there with the served model's own template, tools
+        and prefill as ``generate`` sends them, so the count is the ``usage.prompt_tokens`` vLLM reports."""
+        body: dict[str, Any] = {"model": self.settings.served_model}
+        if request.messages is None:
+            body["prompt"] = request.prompt or ""
+        else:
+            body["messages"] = request.messages
+            if request.tools and cap.TOOLS in self.capabilities.features:
+                body["tools"] = list(request.tools)
+            if request.continue_final:
+                body |= {"continue_final_message": True, "add_generation_prompt": False}
+        doc = await self.post_json(request, "/tokenize", body)
+        return tokenize_count(self.name, doc)
+
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)
+        if request.continue_final and request.messages is not None:
+            fields |= {"continue_final_message": True, "add_generation_prompt": False}
         if request.n > 1 and request.greedy:
             # vLLM refuses n > 1 at temperature 0; sampling from the single likeliest token is greedy.
             fields |= {"temperature": 1.0, "top_k": 1}

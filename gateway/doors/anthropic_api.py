@@ -40,7 +40,7 @@ class CacheControl(_Strict):
 
 class TextBlock(_Strict):
     type: Literal["text"]
-    text: str
+    text: Annotated[str, Field(min_length=1)]
     cache_control: CacheControl | None = None
     citations: list[Any] | None = None
 
@@ -101,6 +101,17 @@ Block = Annotated[
 
 
 class Message(_Strict):
+    # The document says what the handler checks: a user message has content (only a final assistant
+    # message may be empty, which a schema of one message cannot see).
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "user"}}},
+            "then": {"properties": {"content": {"minLength": 1, "minItems": 1}}},
+        },
+    )
+
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
@@ -141,8 +152,17 @@ class Metadata(_Strict):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
 
+NEEDS_TOOLS: dict[str, Any] = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
+"""JSON Schema for "``tool_choice`` only with ``tools``" (the OpenAPI document states the handlers' rule)."""
+
+
 class Conversation(_Strict):
     """What a message's prompt is made of: the body of ``POST /v1/messages/count_tokens``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=NEEDS_TOOLS)
 
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[Message], Field(min_length=1)]
@@ -155,7 +175,9 @@ class MessagesBody(Conversation):
     """The request body of ``POST /v1/messages``."""
 
     max_tokens: Annotated[int, Field(ge=1)]
-    stop_sequences: Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    stop_sequences: (
+        Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOPS)] | None
+    ) = None
     stream: bool | None = False
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -206,9 +228,38 @@ def _validated(data: Any, limits: LimitsConfig, body_type: type[C]) -> C:
         param, err = deepest(exc, _param)
         raise _invalid("Field required" if err["type"] == "missing" else err["msg"], param) from None
     choice = body.tool_choice
+    if choice is not None and not body.tools:
+        raise _invalid("tool_choice may only be specified while providing tools.", "tool_choice")
     if isinstance(choice, ToolChoiceTool) and not any(t.name == choice.name for t in body.tools or ()):
         raise _invalid(f"Tool '{choice.name}' is not one of the tools given.", "tool_choice.name")
+    _check_contents(body.messages)
     return body
+
+
+def _check_contents(messages: list[Message]) -> None:
+    """Anthropic's rules for content: every message has some (the final assistant one may be empty: no
+    prefill), and a prefill (a final assistant turn, continued) is text that does not end in whitespace,
+    since the answer's first token would have to start inside it. (Empty text blocks fail validation.)"""
+    last = len(messages) - 1
+    for i, m in enumerate(messages):
+        blocks = [m.content] if isinstance(m.content, str) else m.content
+        prefill = i == last and m.role == "assistant"
+        if not blocks or (isinstance(m.content, str) and not m.content):
+            if not prefill:
+                raise _invalid(
+                    "all messages must have non-empty content except for the optional final assistant message",
+                    f"messages.{i}.content",
+                )
+            continue
+        if prefill:
+            if any(isinstance(b, ToolUseBlock) for b in blocks):
+                raise _invalid(
+                    "a final assistant message is continued as text: it cannot hold tool_use blocks",
+                    f"messages.{i}.content",
+                )
+            text = m.content if isinstance(m.content, str) else _text(m.content)
+            if text != text.rstrip():
+                raise _invalid("final assistant content cannot end with trailing whitespace", f"messages.{i}.content")
 
 
 def parse_conversation(data: Any, limits: LimitsConfig) -> Conversation:
@@ -276,7 +327,13 @@ def prompt_of(body: Conversation, request_id: str) -> GenerationRequest:
     system = _text(body.system) if body.system is not None else ""
     if system:
         messages.append({"role": "system", "content": system})
-    for m in body.messages:
+    final = body.messages[-1]
+    # A final assistant turn is a prefill: the answer continues it. An empty one is no prefill at all.
+    prefill = final.role == "assistant" and bool(
+        final.content if isinstance(final.content, str) else _text(final.content)
+    )
+    turns = body.messages if prefill or final.role != "assistant" else body.messages[:-1]
+    for m in turns:
         messages.extend(_turn(m))
     choice = body.tool_choice
     tool_choice: str | dict[str, Any] | None = None
@@ -305,6 +362,7 @@ def prompt_of(body: Conversation, request_id: str) -> GenerationRequest:
         tools=tools,
         tool_choice=tool_choice if tools else None,
         parallel_tool_calls=False if single and tools else None,
+        continue_final=prefill,
     )
 
 

@@ -91,6 +91,7 @@ class AnthropicAnswer:
         return {"type": "text", "text": block.text}
 
     def _message(self, content: list[dict[str, Any]], stop: str | None, usage: Usage | None) -> dict[str, Any]:
+        sequence = self._blocks.stop_sequence if stop == "stop_sequence" else None
         return {
             "id": self.id,
             "type": "message",
@@ -98,12 +99,15 @@ class AnthropicAnswer:
             "model": self.model,
             "content": content,
             "stop_reason": stop,
-            "stop_sequence": None,
+            "stop_sequence": sequence,
             "usage": usage_doc(usage),
         }
 
     def _stop_reason(self) -> str:
-        return _STOP_REASONS.get(self._blocks.finish_reason or "stop", "end_turn")
+        finish = self._blocks.finish_reason or "stop"
+        if finish == "stop" and self._blocks.stop_sequence is not None:
+            return "stop_sequence"
+        return _STOP_REASONS.get(finish, "end_turn")
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         total = UsageTotal()
@@ -142,7 +146,9 @@ class AnthropicAnswer:
 
     def closing(self, usage: Usage | None) -> bytes:
         out = b"".join(self._render(ev) for ev in self._blocks.finish())
-        delta = {"delta": {"stop_reason": self._stop_reason(), "stop_sequence": None}, "usage": usage_doc(usage)}
+        reason = self._stop_reason()
+        sequence = self._blocks.stop_sequence if reason == "stop_sequence" else None
+        delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage_doc(usage)}
         return out + _sse("message_delta", delta) + _sse("message_stop", {})
 
     def failure(self, error: ApiError) -> bytes:

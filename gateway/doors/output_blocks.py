@@ -47,12 +47,14 @@ class Event:
 class Blocks:
     """Tracks one answer (one choice: these front doors take ``n`` 1 only)."""
 
-    __slots__ = ("_calls", "_text", "blocks", "finish_reason", "request_id")
+    __slots__ = ("_calls", "_text", "blocks", "finish_reason", "request_id", "stop_sequence")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.blocks: list[Block] = []
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
+        """The client's stop string that ended the answer, when the pipeline knows which one did."""
         self._text: Block | None = None
         """The text block being written, if any."""
         self._calls: dict[int, Block] = {}
@@ -91,6 +93,7 @@ class Blocks:
                 events.append(Event(Step.GROW, block, piece.arguments))
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
+            self.stop_sequence = chunk.stop_sequence
         return events
 
     def finish(self) -> list[Event]:

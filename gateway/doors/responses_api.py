@@ -135,10 +135,35 @@ class TextConfig(_Strict):
     """Only the default: no engine here takes a verbosity."""
 
 
-class ResponsesBody(BaseModel):
-    """The request body of ``POST /v1/responses``."""
+class StreamOptions(_Strict):
+    include_obfuscation: bool | None = None
+    """``true``: delta events carry an ``obfuscation`` string that pads them to a uniform size (a
+    mitigation against reading lengths off encrypted traffic); omitted or ``false``: they carry none."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+
+def _set_only_with(field: str, needs: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema: when ``field`` is set (not null), the body also holds ``needs``."""
+    return {
+        "if": {"required": [field], "properties": {field: {"not": {"type": "null"}}}},
+        "then": {"required": list(needs), "properties": needs},
+    }
+
+
+# What the handler checks across fields, stated in the OpenAPI document too.
+_TOGETHER: dict[str, Any] = {
+    "allOf": [
+        _set_only_with("tool_choice", {"tools": {"type": "array", "minItems": 1}}),
+        _set_only_with("stream_options", {"stream": {"const": True}}),
+    ]
+}
+
+
+class ResponsesBody(BaseModel):
+    """The request body of ``POST /v1/responses``. Fields that need stored state or features this gateway
+    lacks are declared with the only values it takes (unset, or what it does anyway), so the OpenAPI
+    document refuses what the handler refuses."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_TOGETHER)
     model: Annotated[str, Field(min_length=1)]
     input: str | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None
@@ -150,8 +175,15 @@ class ResponsesBody(BaseModel):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     stream: bool | None = False
-    store: bool | None = None
-    previous_response_id: str | None = None
+    stream_options: StreamOptions | None = None
+    store: Literal[False] | None = None
+    previous_response_id: None = None
+    conversation: None = None
+    background: Literal[False] | None = None
+    prompt: None = None
+    reasoning: None = None
+    max_tool_calls: Literal[0] | None = None
+    top_logprobs: Literal[0] | None = None
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     safety_identifier: Annotated[str, Field(max_length=64)] | None = None
@@ -172,7 +204,6 @@ _REFUSED = {
     "reasoning": "No backend of this gateway serves a reasoning model: 'reasoning' cannot take effect.",
     "max_tool_calls": "'max_tool_calls' is not supported: the engines here answer with one turn of calls.",
     "top_logprobs": "Log probabilities are not offered on the Responses API here: use chat completions.",
-    "stream_options": "'stream_options' is not supported on the Responses API by this gateway.",
 }
 _TAGS = frozenset(
     {"message", "function_call", "function_call_output", "input_text", "output_text", "refusal", "input_image"}
@@ -221,16 +252,17 @@ def parse(data: Any, limits: LimitsConfig) -> ResponsesBody:
     for name, message in _REFUSED.items():
         if data.get(name) not in (None, False, 0):  # unset, or set to what this gateway does anyway
             raise _unsupported(name, message)
+    if data.get("store") is True:
+        raise _unsupported("store", "Responses are not stored by this gateway: 'store' must be false (stateless).")
     if data.get("include"):
         raise _unsupported("include", "Nothing extra can be included: no engine here returns reasoning or search data.")
     try:
         body = ResponsesBody.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    if body.store:
-        raise _unsupported(
-            "store", "Responses are not stored by this gateway: 'store' must be false (stateless responses)."
-        )
+    if body.stream_options is not None and not body.stream:
+        why = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+        raise bad_request(why, "stream_options", "invalid_value")
     if body.metadata is not None and len(body.metadata) > MAX_METADATA:
         raise bad_request(f"Invalid 'metadata': at most {MAX_METADATA} pairs.", "metadata", "invalid_value")
     if body.tool_choice is not None and not body.tools:
@@ -339,6 +371,8 @@ def _described(body: ResponsesBody) -> dict[str, Any]:
 class AskedResponse(Asked):
     echo: dict[str, Any] = field(default_factory=dict)
     """The request's settings the Response object repeats."""
+    obfuscate: bool = False
+    """``stream_options.include_obfuscation``."""
 
 
 class ResponsesSurface:
@@ -351,11 +385,13 @@ class ResponsesSurface:
         gen = to_generation(body, request_id)
         if len(gen.messages or ()) > limits.max_messages:
             raise bad_request(f"Too many messages: at most {limits.max_messages}.", "input", "invalid_value")
-        return AskedResponse(gen, bool(body.stream), caller=_described(body), echo=_echo(body))
+        obfuscate = body.stream_options is not None and bool(body.stream_options.include_obfuscation)
+        return AskedResponse(gen, bool(body.stream), caller=_described(body), echo=_echo(body), obfuscate=obfuscate)
 
     def answer(self, asked: Asked, request_id: str) -> ResponsesAnswer:
-        echo = asked.echo if isinstance(asked, AskedResponse) else {}
-        return ResponsesAnswer(request_id, asked.gen.model, echo)
+        if isinstance(asked, AskedResponse):
+            return ResponsesAnswer(request_id, asked.gen.model, asked.echo, asked.obfuscate)
+        return ResponsesAnswer(request_id, asked.gen.model, {})
 
     def error_body(self, error: ApiError) -> bytes:
         return error.json()

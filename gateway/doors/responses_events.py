@@ -10,6 +10,8 @@ stream began sends ``error`` and then ``response.failed``. Each SSE carries ``ev
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 from typing import Any
 
@@ -21,6 +23,15 @@ from gateway.http.errors import ApiError
 from gateway.pipeline.surfaces import UsageTotal
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+# Delta events with ``stream_options.include_obfuscation`` are padded so that the delta and its padding
+# together fill a multiple of this many characters: their sizes no longer tell the text's length.
+PAD_TO = 32
+
+
+def obfuscation(delta: str) -> str:
+    """Random URL-safe characters that pad ``delta`` to the next multiple of ``PAD_TO`` (at least one)."""
+    need = PAD_TO - len(delta) % PAD_TO
+    return base64.urlsafe_b64encode(os.urandom(need)).decode()[:need]
 
 
 def usage_doc(usage: Usage | None) -> dict[str, Any] | None:
@@ -38,12 +49,13 @@ def usage_doc(usage: Usage | None) -> dict[str, Any] | None:
 class ResponsesAnswer:
     """One request's Response, whole or streamed."""
 
-    __slots__ = ("_blocks", "_seq", "created", "echo", "id", "model")
+    __slots__ = ("_blocks", "_seq", "created", "echo", "id", "model", "obfuscate")
 
-    def __init__(self, request_id: str, model: str, echo: dict[str, Any]) -> None:
+    def __init__(self, request_id: str, model: str, echo: dict[str, Any], obfuscate: bool = False) -> None:
         self.id = f"resp_{request_id}"
         self.model = model
         self.echo = echo
+        self.obfuscate = obfuscate
         self.created = int(time.time())
         self._blocks = Blocks(request_id)
         self._seq = 0
@@ -134,13 +146,14 @@ class ResponsesAnswer:
                 out += self._event("response.content_part.added", part)
             return out
         if ev.step is Step.GROW:
+            pad = {"obfuscation": obfuscation(ev.delta)} if self.obfuscate else {}
             if block.call:
                 return self._event(
-                    "response.function_call_arguments.delta", {"item_id": item_id, **where, "delta": ev.delta}
+                    "response.function_call_arguments.delta", {"item_id": item_id, **where, "delta": ev.delta, **pad}
                 )
             return self._event(
                 "response.output_text.delta",
-                {"item_id": item_id, **where, "content_index": 0, "delta": ev.delta, "logprobs": []},
+                {"item_id": item_id, **where, "content_index": 0, "delta": ev.delta, "logprobs": [], **pad},
             )
         done = self._item(block, self._item_status())
         if block.call:

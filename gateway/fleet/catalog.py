@@ -81,7 +81,7 @@ class PromptCounter:
             tools = request.tools if request.tool_choice != "none" else ()
             # Image parts are not text a template renders (engines that take them count them their way).
             messages = [text_only(m) if isinstance(m.get("content"), list) else m for m in request.messages]
-            text = self._chat.render(messages, list(tools) if tools else None)
+            text = self._chat.render(messages, list(tools) if tools else None, request.continue_final)
         ids: list[int] = encode(self._tokenizer, text).ids
         return ids
 

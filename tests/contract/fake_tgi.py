@@ -2,8 +2,9 @@
 
 POST ``/generate``, ``/generate_stream``, ``/`` (the compat route the ``text-generation`` client uses:
 ``stream`` switches, the non-stream answer is a one-item list, ``return_full_text`` defaults to true),
-``/v1/chat/completions``, ``/v1/completions``; GET ``/health`` (``/``, ``/ping``), ``/info``,
-``/v1/models``, ``/metrics``.
+``/v1/chat/completions``, ``/v1/completions``, ``/tokenize`` (a GenerateRequest's inputs as SimpleTokens),
+``/chat_tokenize`` (a ChatRequest templated as the chat route templates it, then tokenized); GET ``/health``
+(``/``, ``/ping``), ``/info``, ``/v1/models``, ``/metrics``.
 
 * SSE is ``data:<json>\\n\\n``, ``:\\n\\n`` keep-alive every 15 s while queued. ``/generate_stream`` has
   no ``[DONE]``; whatever fails after the 200 (validation too) is an ``{"error","error_type"}`` event;
@@ -185,6 +186,22 @@ async def read_json(request: Request) -> Any:
         return json.loads(await request.body())
     except ValueError as exc:
         raise BadBody(f"Failed to parse the JSON body into the target type: {exc}") from None
+
+
+async def read_chat(
+    request: Request,
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None, str | tuple[str, str], dict[str, Any] | None]:
+    """A ChatRequest as serde reads it: the body, its tools, tool choice and grammar; ``BadBody`` if not."""
+    body = check(await read_json(request), CHAT_SPEC, required=("messages",))
+    check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
+    check_messages(body["messages"])
+    tools = parse_tools(body.get("tools"))
+    return (
+        body,
+        tools,
+        parse_tool_choice(body.get("tool_choice")),
+        parse_grammar(body.get("response_format"), "response_format"),
+    )
 
 
 def rejected(exc: BadBody) -> Response:
@@ -881,14 +898,10 @@ class FakeTGI:
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = check(await read_json(request), CHAT_SPEC, required=("messages",))
-            opts = check(body.get("stream_options", {}), spec("include_usage:b!"), "stream_options")
-            check_messages(body["messages"])
-            tools = parse_tools(body.get("tools"))
-            choice = parse_tool_choice(body.get("tool_choice"))
-            fmt = parse_grammar(body.get("response_format"), "response_format")
+            body, tools, choice, fmt = await read_chat(request)
         except BadBody as exc:
             return rejected(exc)
+        opts = body.get("stream_options", {})
         self.record("/v1/chat/completions", body)
         self.count("tgi_request_count")
         model = self.model_id if body.get("model") in (None, "tgi") else body["model"]
@@ -1029,6 +1042,36 @@ class FakeTGI:
             choices.append({"index": i, "text": out["generated_text"], "logprobs": None, "finish_reason": finish})
         return json_response(head | tail | {"choices": choices, "usage": totals})
 
+    def simple_tokens(self, text: str) -> list[dict[str, Any]]:
+        """TokenizeResponse: one SimpleToken per id with its character span (``text`` is that span)."""
+        enc = self.engine._tokenizer.encode(text, add_special_tokens=False)
+        return [
+            {"id": i, "text": text[start:stop], "start": start, "stop": stop}
+            for i, (start, stop) in zip(enc.ids, enc.offsets, strict=True)
+        ]
+
+    async def tokenize(self, request: Request) -> Response:
+        """server.rs tokenize: a GenerateRequest's ``inputs`` tokenized by the router's tokenizer."""
+        try:
+            req = GenRequest.parse(await read_json(request), compat=False)
+        except BadBody as exc:
+            return rejected(exc)
+        return json_response(self.simple_tokens(req.inputs))
+
+    async def chat_tokenize(self, request: Request) -> Response:
+        """server.rs get_chat_tokenize: the ChatRequest made into its generate request (template, tools and
+        tool prompt as the chat route makes them), its inputs tokenized."""
+        try:
+            body, tools, choice, fmt = await read_chat(request)
+        except BadBody as exc:
+            return rejected(exc)
+        self.count("tgi_request_count")
+        try:
+            req, _ = self.chat_request(body, tools, choice, fmt)
+        except TGIError as exc:
+            return json_response(exc.body(), 422)
+        return json_response({"tokenize_response": self.simple_tokens(req.inputs), "templated_text": req.inputs})
+
     async def health(self, request: Request) -> Response:
         if self.control.healthy:
             return Response(status_code=200)
@@ -1122,6 +1165,7 @@ def create_app(
     tgi = FakeTGI(engine, control, model_id, max_input_tokens, max_total_tokens, received, auto_tool_call)
     posts = {"/": tgi.native, "/generate": tgi.native, "/generate_stream": tgi.native}
     posts |= {"/v1/chat/completions": tgi.chat, "/v1/completions": tgi.completions}
+    posts |= {"/tokenize": tgi.tokenize, "/chat_tokenize": tgi.chat_tokenize}
     gets = {"/": tgi.health, "/health": tgi.health, "/ping": tgi.health, "/info": tgi.info}
     gets |= {"/v1/models": tgi.models, "/metrics": tgi.metrics}
     routes = [Route(p, f, methods=["POST"]) for p, f in posts.items()]

@@ -22,6 +22,7 @@ from backends.capabilities import (
     LOGPROBS,
     PARALLEL_TOOL_CALLS,
     PENALTIES,
+    PREFILL,
     SEED,
     TOOL_CHOICE_REQUIRED,
     TOOLS,
@@ -104,8 +105,16 @@ def test_readme_logprobs_and_n_cells(engine: str) -> None:
     assert caps.native_n == (MATRIX["native `n`"][engine] == "yes")
 
 
+@pytest.mark.parametrize("engine", COLUMNS.values())
+def test_assistant_prefill_is_declared_where_the_engine_continues_a_turn(engine: str) -> None:
+    """Engines that take rendered text get it from the gateway's renderer; of the chat routes, vLLM
+    (continue_final_message) and llama-server (prefill_assistant) continue a turn, TGI's Messages API cannot."""
+    declared = PREFILL in declared_capabilities(engine).features
+    assert declared == (MATRIX["assistant prefill (Anthropic)"][engine] == "yes")
+
+
 def test_every_feature_has_a_row() -> None:
-    covered = {f for features in ROWS.values() for f in features} | {LOGPROBS, TOP_LOGPROBS}
+    covered = {f for features in ROWS.values() for f in features} | {LOGPROBS, TOP_LOGPROBS, PREFILL}
     assert covered == FEATURES
 
 

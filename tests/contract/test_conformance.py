@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Tokenizing
+from backends.capabilities import PREFILL, capabilities_of
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT
 from tests.contract.control import GENERIC_FAULTS, FakeControl
 from tests.contract.subjects import ALL, Subject, closed_port_url, subject
@@ -304,3 +305,48 @@ def test_slow_tokens_still_answer(subj: Subject) -> None:
     finally:
         control.token_delay_s = 0.0
     assert text_of(chunks) and chunks[-1].finish_reason == "length"
+
+
+# Engines whose answers name the client's stop string that ended them (Anthropic's stop_sequence): the
+# gateway's own cut knows it, and vLLM and trtllm-serve report theirs. llama-server stops without saying
+# which; Triton's and MII REST's adapters do not pass it on yet.
+NAMES_STOP = {"ctranslate2", "llama_cpp", "vllm", "trtllm_serve", "tgi", "tgi_messages", "mii_openai"}
+
+
+@pytest.mark.parametrize("stop", ["Simple", "Simple is"])
+def test_the_stop_string_that_ended_the_answer_is_named(subj: Subject, stop: str) -> None:
+    if subj.name not in NAMES_STOP:
+        pytest.skip(f"{subj.name} does not say which stop string ended an answer")
+    chunks = run(subj, lambda b: collect(b, req(prompt=ZEN_PROMPT, max_tokens=40, stop=("never", stop))))
+    assert (chunks[-1].finish_reason, chunks[-1].stop_sequence) == ("stop", stop)
+    ended = run(subj, lambda b: collect(b, req(messages=HELLO, max_tokens=60, stop=("never",))))
+    assert (ended[-1].finish_reason, ended[-1].stop_sequence) == ("stop", None)
+
+
+def test_a_final_assistant_turn_is_continued_where_declared(subj: Subject) -> None:
+    """An Anthropic prefill: the answer goes on from the assistant's text, as the greedy answer would."""
+    prefix = "Hello! I am the"
+    messages = [*HELLO, {"role": "assistant", "content": prefix}]
+
+    async def continued(backend: Backend) -> list[Chunk]:
+        if PREFILL not in capabilities_of(backend).features:
+            pytest.skip(f"{subj.name} does not declare {PREFILL}")
+        return await collect(backend, req(messages=messages, max_tokens=60, continue_final=True))
+
+    chunks = run(subj, continued)
+    assert prefix + text_of(chunks) == GREETING_REPLY and chunks[-1].finish_reason == "stop"
+
+
+def test_an_engines_tokenize_route_counts_the_prompt_it_is_sent(subj: Subject) -> None:
+    """``Tokenizing`` engines: the count equals the ``usage.prompt_tokens`` of the same request, tools included."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    request = req(messages=HELLO, max_tokens=64, tools=(tool,), tool_choice="required")
+
+    async def both(backend: Backend) -> tuple[int, list[Chunk]]:
+        if not isinstance(backend, Tokenizing):
+            pytest.skip(f"{subj.name} has no tokenize route")
+        return await backend.count_prompt(request), await collect(backend, request)
+
+    counted, chunks = run(subj, both)
+    usage = chunks[-1].usage
+    assert usage is not None and counted == usage.prompt_tokens > 20

@@ -161,6 +161,7 @@ def ask(fake: Fake, cls: type[TgiBackend | TgiMessagesBackend], **kw: Any) -> An
 def test_capability_matrix() -> None:
     assert TgiBackend.capabilities.features == {
         cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.SEED, cap.IMAGES,
+        cap.PREFILL,  # the gateway renders the prompt: a final assistant turn is left open
     }  # fmt: skip
     assert TgiBackend.capabilities.tools_in_prompt
     assert TgiBackend.capabilities.extras == {"top_k", "repetition_penalty", "typical_p", "truncate", "watermark"}

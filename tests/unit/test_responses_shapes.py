@@ -242,3 +242,25 @@ def test_parallel_calls_become_one_item_each_even_when_their_pieces_interleave()
     assert deltas == [(0, '{"city":'), (0, '"Paris"}'), (1, '{"city":"Lyon"}')]
     done = [e["item"]["arguments"] for e in events if e["type"] == "response.output_item.done"]
     assert sorted(done) == ['{"city":"Lyon"}', '{"city":"Paris"}']
+
+
+def test_stream_options_are_taken_and_obfuscation_pads_the_deltas(client: openai.OpenAI) -> None:
+    """``stream_options.include_obfuscation`` as OpenAI defines it: with ``true`` every delta event carries
+    an ``obfuscation`` string that brings it to a uniform size; with ``false`` (or none) it carries none."""
+    tools: Any = [WEATHER]
+    for include in (True, False):
+        options: Any = {"include_obfuscation": include}
+        stream = client.responses.create(model="m", input="Weather?", tools=tools, stream=True, stream_options=options)
+        deltas: list[Any] = [e for e in stream if e.type.endswith(".delta")]
+        assert deltas and all(e.type == "response.function_call_arguments.delta" for e in deltas)
+        pads = [getattr(e, "obfuscation", None) for e in deltas]
+        if include:
+            assert all(p and (len(e.delta) + len(p)) % 32 == 0 for e, p in zip(deltas, pads, strict=True)), pads
+        else:
+            assert pads == [None] * len(deltas)
+    texts = client.responses.create(model="m", input="hi", stream=True, stream_options={"include_obfuscation": True})
+    pads = [getattr(e, "obfuscation", None) for e in texts if e.type == "response.output_text.delta"]
+    assert pads and all(pads)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", input="hi", stream_options={"include_obfuscation": False})
+    assert info.value.param == "stream_options"
