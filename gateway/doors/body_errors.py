@@ -1,4 +1,5 @@
-"""Where in a request body a pydantic validation error lies, as the API's own parameter path."""
+"""Where in a request body a pydantic validation error lies, as the API's own parameter path, and the
+one 400 every OpenAI-shaped door answers for it (``validation_error``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
+
+from gateway.http.errors import ApiError, bad_request, clip
 
 _MEMBERS = frozenset({"str", "int", "float", "bool", "constrained-str", "constrained-int", "constrained-float"})
 
@@ -40,3 +43,19 @@ def deepest(exc: ValidationError, path: Callable[[tuple[Any, ...]], str]) -> tup
     base = path(errors[0]["loc"])
     err = max((e for e in errors if path(e["loc"]).startswith(base)), key=lambda e: len(path(e["loc"])))
     return path(err["loc"]), err
+
+
+def validation_error(exc: ValidationError, path: Callable[[tuple[Any, ...]], str]) -> ApiError:
+    """A pydantic error as OpenAI's 400: the deepest error's parameter (``path`` spells it in the
+    door's own terms), clipped when quoted, and OpenAI's code for what is wrong with it."""
+    param, err = deepest(exc, path)
+    kind = err["type"]
+    if kind == "union_tag_invalid":  # the discriminator's value is wrong: name that field
+        param += "." + str(err.get("ctx", {}).get("discriminator", "type")).strip("'")
+    shown = clip(param)
+    if kind == "missing":
+        return bad_request(f"Missing required parameter: '{shown}'.", shown, "missing_required_parameter")
+    if kind == "extra_forbidden":
+        return bad_request(f"Unrecognized request argument supplied: {shown}", shown, "unknown_parameter")
+    code = "invalid_type" if kind.endswith("_type") or kind == "union_tag_invalid" else "invalid_value"
+    return bad_request(f"Invalid value for '{shown}': {clip(err['msg'])}.", shown, code)

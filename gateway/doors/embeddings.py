@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.embed_base import Embedder, EmbedRequest, EmbedResult, normalized
-from gateway.doors.body_errors import deepest, param_path
-from gateway.http.errors import ApiError, bad_request, clip, error_for_json, from_backend, model_not_found
+from gateway.doors.body_errors import param_path, validation_error
+from gateway.http.errors import ApiError, bad_request, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Deadlines
@@ -70,13 +70,7 @@ def parse(data: Any) -> EmbeddingsBody:
     try:
         return EmbeddingsBody.model_validate(data)
     except ValidationError as exc:
-        param, err = deepest(exc, lambda loc: param_path(loc, ()))
-        if err["type"] == "missing":
-            raise bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter") from None
-        param = clip(param)  # a field's name is the client's: a huge one is echoed cut short
-        if err["type"] == "extra_forbidden":
-            raise bad_request(f"Unrecognized request argument supplied: {param}", param, "unknown_parameter") from None
-        raise bad_request(f"Invalid value for '{param}': {clip(err['msg'])}.", param, "invalid_value") from None
+        raise validation_error(exc, lambda loc: param_path(loc, ())) from None
 
 
 def inputs_of(body: EmbeddingsBody) -> tuple[str, ...] | tuple[tuple[int, ...], ...]:

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import GenerationRequest
-from gateway.http.errors import ApiError, bad_request, clip
+from gateway.doors.body_errors import validation_error
+from gateway.http.errors import ApiError, bad_request
 
 # Bounds on what a body may hold, checked on the decoded JSON before validation (validating 100,000
 # messages took 0.7 s of event loop to refuse them): OpenAI's 4 stop sequences, each at most
@@ -283,20 +284,7 @@ def parse_body(
     try:
         body = model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        # A union reports each member it tried: the one that got furthest into the value names the real
-        # problem (an image part, not "Input should be a valid string").
-        base = _param(errors[0]["loc"])
-        err = max((e for e in errors if _param(e["loc"]).startswith(base)), key=lambda e: len(_param(e["loc"])))
-        param = _param(err["loc"])
-        if err["type"] == "union_tag_invalid":  # the discriminator's value is wrong: name that field
-            param += "." + str(err.get("ctx", {}).get("discriminator", "type")).strip("'")
-        if err["type"] == "missing":
-            raise bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter") from None
-        kind = (
-            "invalid_type" if err["type"].endswith("_type") or err["type"] == "union_tag_invalid" else "invalid_value"
-        )
-        raise bad_request(f"Invalid value for '{clip(param)}': {clip(err['msg'])}.", clip(param), kind) from None
+        raise validation_error(exc, _param) from None
     _check(body)
     return body
 

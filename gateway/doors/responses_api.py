@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from backends.base import GenerationRequest
 from gateway.config import LimitsConfig
-from gateway.doors.body_errors import deepest, param_path
+from gateway.doors.body_errors import param_path, validation_error
 from gateway.doors.openai_api import MAX_METADATA, MAX_TOOLS, NAME_PATTERN
 from gateway.doors.responses_events import ResponsesAnswer
 from gateway.http.errors import ApiError, bad_request
@@ -215,15 +215,6 @@ def _param(loc: tuple[Any, ...]) -> str:
     return param_path(loc, _TAGS, ("format", "tool_choice"))
 
 
-def validation_error(exc: ValidationError) -> ApiError:
-    """A pydantic error as OpenAI's 400, naming the parameter."""
-    param, err = deepest(exc, _param)
-    if err["type"] == "missing":
-        return bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-    kind = "invalid_type" if err["type"].endswith("_type") else "invalid_value"
-    return bad_request(f"Invalid value for '{param}': {err['msg']}.", param, kind)
-
-
 def _unsupported(param: str, message: str) -> ApiError:
     return bad_request(message, param, "unsupported_parameter")
 
@@ -259,7 +250,7 @@ def parse(data: Any, limits: LimitsConfig) -> ResponsesBody:
     try:
         body = ResponsesBody.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, _param) from None
     if body.stream_options is not None and not body.stream:
         why = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
         raise bad_request(why, "stream_options", "invalid_value")
