@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from backends.gguf_file import GgufCache
+from gateway.strict import Frozen
 from gateway.tenancy.settings import AuthConfig, RedisConfig
 from routing.features import RULE_HEADERS
 from routing.prefix import DEFAULT_BLOCK_TOKENS
@@ -27,11 +28,7 @@ from routing.prefix import DEFAULT_BLOCK_TOKENS
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class ServerConfig(_Strict):
+class ServerConfig(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     cache_dir: str | None = None
@@ -92,7 +89,7 @@ class ServerConfig(_Strict):
         return value
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Frozen):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=1024, ge=1)
     max_stop_chars: int = Field(default=1024, ge=1)
@@ -102,7 +99,7 @@ class LimitsConfig(_Strict):
     health_interval_s: float = Field(default=5.0, gt=0)
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Frozen):
     name: Name
     gguf: str | None = None
     """A llama GGUF file (relative to this config file); the in-process engines load it."""
@@ -135,7 +132,7 @@ class ModelConfig(_Strict):
     """Prompt tokens the engine served from its prefix cache; default: half of ``price_per_mtok_in``."""
 
 
-class CapabilitiesConfig(_Strict):
+class CapabilitiesConfig(Frozen):
     """Adjusts what the adapter says its engine honours, for engines launched with or without the
     flags a capability needs (vLLM's ``--enable-auto-tool-choice``, trtllm-serve's guided decoding)."""
 
@@ -156,7 +153,7 @@ class CapabilitiesConfig(_Strict):
         return self
 
 
-class _Placement(_Strict):
+class _Placement(Frozen):
     """Where a backend runs and what it costs: the routing estimates start from these."""
 
     gpu: str = "CPU"
@@ -187,7 +184,7 @@ class LlamaCppConfig(_Placement):
     max_queue: int = Field(default=64, ge=0)
 
 
-class TlsConfig(_Strict):
+class TlsConfig(Frozen):
     """Client TLS for an https engine; paths are relative to this file."""
 
     ca_file: str | None = None
@@ -237,7 +234,7 @@ class _HttpEngine(_Placement):
         return self
 
 
-class KvEventsConfig(_Strict):
+class KvEventsConfig(Frozen):
     """Where a vLLM publishes its KV-cache events (``--kv-events-config``, publisher ``zmq``)."""
 
     endpoint: Annotated[str, Field(pattern=r"^tcp://[^\s/]+:\d+$")]
@@ -307,12 +304,12 @@ ENGINES = (
 )  # fmt: skip
 
 
-class Range(_Strict):
+class Range(Frozen):
     min: float | None = Field(default=None, ge=0)
     max: float | None = Field(default=None, ge=0)
 
 
-class MatchConfig(_Strict):
+class MatchConfig(Frozen):
     models: list[str] = []
     """Glob patterns of model names."""
     ttft_budget_ms: Range = Range()
@@ -336,7 +333,7 @@ class MatchConfig(_Strict):
         return self
 
 
-class RuleConfig(_Strict):
+class RuleConfig(Frozen):
     name: Name
     match: MatchConfig = MatchConfig()
     prefer: list[Name] = []
@@ -349,14 +346,14 @@ class RuleConfig(_Strict):
     default_latency_budget_ms: float | None = Field(default=None, gt=0)
 
 
-class WeightsConfig(_Strict):
+class WeightsConfig(Frozen):
     budget: float = Field(default=1.0, ge=0)
     cost: float = Field(default=0.2, ge=0)
     load: float = Field(default=1.5, ge=0)
     affinity: float = Field(default=0.1, ge=0)
 
 
-class BreakerConfig(_Strict):
+class BreakerConfig(Frozen):
     threshold: int = Field(default=5, ge=1)
     """Consecutive engine failures that open a backend's breaker."""
     cooldown_s: float = Field(default=1.0, gt=0)
@@ -364,7 +361,7 @@ class BreakerConfig(_Strict):
     max_cooldown_s: float = Field(default=30.0, gt=0)
 
 
-class PrefixConfig(_Strict):
+class PrefixConfig(Frozen):
     block_tokens: int = Field(default=DEFAULT_BLOCK_TOKENS, ge=4, le=4096)
     """Prompt blocks the prefix index keeps per backend, in tokens (cut as ``4 x block_tokens`` bytes
     of the prompt's text: the gateway tokenizes nothing for them). 64 is TensorRT-LLM's KV page and
@@ -374,7 +371,7 @@ class PrefixConfig(_Strict):
     so a conversation whose turns reach different replicas still finds its history."""
 
 
-class RoutingConfig(_Strict):
+class RoutingConfig(Frozen):
     max_attempts: int = Field(default=3, ge=1, le=16)
     first_token_timeout_s: float = Field(default=60.0, gt=0)
     """A streaming engine's first content token must arrive within this, or the next backend is tried."""
@@ -399,20 +396,20 @@ class RoutingConfig(_Strict):
     ``x-enginegate-dropped`` response header) instead of refused with 400."""
 
 
-class GpuConfig(_Strict):
+class GpuConfig(Frozen):
     name: Name
     memory_gb: float = Field(gt=0)
     bandwidth_gbs: float = Field(gt=0)
     tflops: float = Field(gt=0)
 
 
-class EfficiencyConfig(_Strict):
+class EfficiencyConfig(Frozen):
     prefill_mfu: float = Field(gt=0, le=1)
     decode_mbu: float = Field(gt=0, le=1)
     overhead_ms: float = Field(ge=0)
 
 
-class AdminConfig(_Strict):
+class AdminConfig(Frozen):
     api_key_env: str | None = None
     """Environment variable holding the admin key; without it the /admin endpoints are off."""
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -423,7 +420,7 @@ class AdminConfig(_Strict):
     """The first lockout; each failure while locked out doubles it, up to an hour."""
 
 
-class MetricsConfig(_Strict):
+class MetricsConfig(Frozen):
     api_key_env: str | None = None
     """Environment variable holding the key ``/metrics`` asks for (``Authorization: Bearer <key>``);
     without it the admin key is asked for instead, when ``/metrics`` is protected."""
@@ -432,7 +429,7 @@ class MetricsConfig(_Strict):
     ``auth.required`` is on (the per-team series tell who spends what)."""
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(Frozen):
     server: ServerConfig = ServerConfig()
     limits: LimitsConfig = LimitsConfig()
     routing: RoutingConfig = RoutingConfig()

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from backends.base import GenerationRequest
 from gateway.config import LimitsConfig
@@ -25,44 +25,41 @@ from gateway.doors.body_errors import deepest, param_path
 from gateway.doors.openai_api import MAX_STOP_CHARS, MAX_STOPS, MAX_TOOLS, NAME_PATTERN
 from gateway.http.errors import ApiError, bad_request
 from gateway.pipeline.surfaces import Asked
+from gateway.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CacheControl(_Strict):
+class CacheControl(Strict):
     """A prompt-caching hint: accepted and left to the engines' own prefix caches."""
 
     type: Literal["ephemeral"]
     ttl: Literal["5m", "1h"] | None = None
 
 
-class TextBlock(_Strict):
+class TextBlock(Strict):
     type: Literal["text"]
     text: Annotated[str, Field(min_length=1)]
     cache_control: CacheControl | None = None
     citations: list[Any] | None = None
 
 
-class Base64Source(_Strict):
+class Base64Source(Strict):
     type: Literal["base64"]
     media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
     data: Annotated[str, Field(max_length=20_000_000)]
 
 
-class UrlSource(_Strict):
+class UrlSource(Strict):
     type: Literal["url"]
     url: Annotated[str, Field(pattern=r"^https?://", max_length=20_000)]
 
 
-class ImageBlock(_Strict):
+class ImageBlock(Strict):
     type: Literal["image"]
     source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
     cache_control: CacheControl | None = None
 
 
-class ToolUseBlock(_Strict):
+class ToolUseBlock(Strict):
     type: Literal["tool_use"]
     id: Annotated[str, Field(min_length=1)]
     name: str
@@ -73,7 +70,7 @@ class ToolUseBlock(_Strict):
 ResultPart = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
 
 
-class ToolResultBlock(_Strict):
+class ToolResultBlock(Strict):
     type: Literal["tool_result"]
     tool_use_id: Annotated[str, Field(min_length=1)]
     content: str | list[ResultPart] | None = None
@@ -81,7 +78,7 @@ class ToolResultBlock(_Strict):
     cache_control: CacheControl | None = None
 
 
-class ThinkingBlock(_Strict):
+class ThinkingBlock(Strict):
     """An earlier answer's reasoning, sent back by clients that keep it: not shown to these models."""
 
     type: Literal["thinking"]
@@ -89,7 +86,7 @@ class ThinkingBlock(_Strict):
     signature: str | None = None
 
 
-class RedactedThinkingBlock(_Strict):
+class RedactedThinkingBlock(Strict):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -100,7 +97,7 @@ Block = Annotated[
 ]
 
 
-class Message(_Strict):
+class Message(Strict):
     # The document says what the handler checks: a user message has content (only a final assistant
     # message may be empty, which a schema of one message cannot see).
     model_config = ConfigDict(
@@ -116,7 +113,7 @@ class Message(_Strict):
     content: str | list[Block]
 
 
-class Tool(_Strict):
+class Tool(Strict):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     description: str | None = None
     input_schema: dict[str, Any]
@@ -125,30 +122,30 @@ class Tool(_Strict):
     strict: bool | None = None
 
 
-class ToolChoiceAuto(_Strict):
+class ToolChoiceAuto(Strict):
     type: Literal["auto"]
     disable_parallel_tool_use: bool | None = None
 
 
-class ToolChoiceAny(_Strict):
+class ToolChoiceAny(Strict):
     type: Literal["any"]
     disable_parallel_tool_use: bool | None = None
 
 
-class ToolChoiceTool(_Strict):
+class ToolChoiceTool(Strict):
     type: Literal["tool"]
     name: str
     disable_parallel_tool_use: bool | None = None
 
 
-class ToolChoiceNone(_Strict):
+class ToolChoiceNone(Strict):
     type: Literal["none"]
 
 
 ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone, Field(discriminator="type")]
 
 
-class Metadata(_Strict):
+class Metadata(Strict):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
 
@@ -159,7 +156,7 @@ NEEDS_TOOLS: dict[str, Any] = {
 """JSON Schema for "``tool_choice`` only with ``tools``" (the OpenAPI document states the handlers' rule)."""
 
 
-class Conversation(_Strict):
+class Conversation(Strict):
     """What a message's prompt is made of: the body of ``POST /v1/messages/count_tokens``."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=NEEDS_TOOLS)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from backends.base import GenerationRequest
 from gateway.doors.body_errors import validation_error
 from gateway.http.errors import ApiError, bad_request
+from gateway.strict import Strict
 
 # Bounds on what a body may hold, checked on the decoded JSON before validation (validating 100,000
 # messages took 0.7 s of event loop to refuse them): OpenAI's 4 stop sequences, each at most
@@ -47,26 +48,22 @@ _REFUSED = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ImageUrl(_Strict):
+class ImageUrl(Strict):
     url: Annotated[str, Field(pattern=r"^(https?://|data:image/[a-zA-Z0-9.+-]+;base64,)", max_length=20_000_000)]
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImagePart(_Strict):
+class ImagePart(Strict):
     type: Literal["image_url"]
     image_url: ImageUrl
 
 
-class RefusalPart(_Strict):
+class RefusalPart(Strict):
     type: Literal["refusal"]
     refusal: str
 
@@ -75,30 +72,30 @@ UserPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 AssistantPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
 
 
-class FunctionCall(_Strict):
+class FunctionCall(Strict):
     name: str
     arguments: str
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     id: str
     type: Literal["function"]
     function: FunctionCall
 
 
-class SystemMessage(_Strict):
+class SystemMessage(Strict):
     role: Literal["system", "developer"]
     content: str | Annotated[list[TextPart], Field(min_length=1)]
     name: str | None = None
 
 
-class UserMessage(_Strict):
+class UserMessage(Strict):
     role: Literal["user"]
     content: str | Annotated[list[UserPart], Field(min_length=1)]
     name: str | None = None
 
 
-class AssistantMessage(_Strict):
+class AssistantMessage(Strict):
     role: Literal["assistant"]
     content: str | Annotated[list[AssistantPart], Field(min_length=1)] | None = None
     refusal: str | None = None
@@ -110,7 +107,7 @@ class AssistantMessage(_Strict):
     function_call: None = None
 
 
-class ToolMessage(_Strict):
+class ToolMessage(Strict):
     role: Literal["tool"]
     content: str | Annotated[list[TextPart], Field(min_length=1)]
     tool_call_id: str
@@ -119,40 +116,40 @@ class ToolMessage(_Strict):
 Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
-class FunctionDef(_Strict):
+class FunctionDef(Strict):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     description: str | None = None
     schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = False
     include_obfuscation: Literal[False] | None = None
     """OpenAI pads stream events with random text when true; this gateway does not, so only false."""

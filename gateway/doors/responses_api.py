@@ -23,18 +23,15 @@ from gateway.doors.openai_api import MAX_METADATA, MAX_TOOLS, NAME_PATTERN
 from gateway.doors.responses_events import ResponsesAnswer
 from gateway.http.errors import ApiError, bad_request
 from gateway.pipeline.surfaces import Asked
+from gateway.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class InputText(_Strict):
+class InputText(Strict):
     type: Literal["input_text"]
     text: str
 
 
-class OutputText(_Strict):
+class OutputText(Strict):
     """An earlier answer's text, as a client sends it back in the conversation."""
 
     type: Literal["output_text"]
@@ -43,12 +40,12 @@ class OutputText(_Strict):
     logprobs: list[Any] | None = None
 
 
-class Refusal(_Strict):
+class Refusal(Strict):
     type: Literal["refusal"]
     refusal: str
 
 
-class InputImage(_Strict):
+class InputImage(Strict):
     type: Literal["input_image"]
     image_url: Annotated[str, Field(pattern=r"^(https?://|data:image/[a-zA-Z0-9.+-]+;base64,)", max_length=20_000_000)]
     detail: Literal["auto", "low", "high"] | None = None
@@ -57,7 +54,7 @@ class InputImage(_Strict):
 Part = Annotated[InputText | OutputText | Refusal | InputImage, Field(discriminator="type")]
 
 
-class MessageItem(_Strict):
+class MessageItem(Strict):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: str | Annotated[list[Part], Field(min_length=1)]
@@ -65,7 +62,7 @@ class MessageItem(_Strict):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-class FunctionCallItem(_Strict):
+class FunctionCallItem(Strict):
     type: Literal["function_call"]
     call_id: Annotated[str, Field(min_length=1)]
     name: str
@@ -74,7 +71,7 @@ class FunctionCallItem(_Strict):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-class FunctionCallOutputItem(_Strict):
+class FunctionCallOutputItem(Strict):
     type: Literal["function_call_output"]
     call_id: Annotated[str, Field(min_length=1)]
     output: str | Annotated[list[InputText], Field(min_length=1)]
@@ -97,7 +94,7 @@ Item = Annotated[
 ]
 
 
-class FunctionTool(_Strict):
+class FunctionTool(Strict):
     type: Literal["function"]
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     description: str | None = None
@@ -105,20 +102,20 @@ class FunctionTool(_Strict):
     strict: bool | None = None
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     type: Literal["function"]
     name: str
 
 
-class TextFormatPlain(_Strict):
+class TextFormatPlain(Strict):
     type: Literal["text"]
 
 
-class TextFormatJsonObject(_Strict):
+class TextFormatJsonObject(Strict):
     type: Literal["json_object"]
 
 
-class TextFormatJsonSchema(_Strict):
+class TextFormatJsonSchema(Strict):
     type: Literal["json_schema"]
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     schema_: Annotated[dict[str, Any], Field(alias="schema")]
@@ -129,13 +126,13 @@ class TextFormatJsonSchema(_Strict):
 TextFormat = Annotated[TextFormatPlain | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")]
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None
     """Only the default: no engine here takes a verbosity."""
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_obfuscation: bool | None = None
     """``true``: delta events carry an ``obfuscation`` string that pads them to a uniform size (a
     mitigation against reading lengths off encrypted traffic); omitted or ``false``: they carry none."""

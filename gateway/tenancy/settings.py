@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from gateway.strict import Frozen
 
 KeyId = Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]
 DEFAULT_CLASSES = {"high": 100, "default": 0, "low": -100}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class KeyLimits(_Strict):
+class KeyLimits(Frozen):
     """What one key may do; 0 or null: unlimited."""
 
     name: str = ""
@@ -39,7 +37,7 @@ class DeclaredKey(KeyLimits):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
-class AuthConfig(_Strict):
+class AuthConfig(Frozen):
     required: bool = False
     """True: every /v1 request needs a valid key (401 otherwise). False (the embedded default): requests
     without a gateway key are served as today; a request that presents a gateway key (``sk-eg-...``)
@@ -78,7 +76,7 @@ class AuthConfig(_Strict):
         return self.required or self.database is not None or bool(self.keys)
 
 
-class RedisConfig(_Strict):
+class RedisConfig(Frozen):
     url: str | None = None
     """``redis://host:port/db``: limits and spend exact across every replica sharing it. Without it
     the same limits hold in each process."""

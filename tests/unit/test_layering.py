@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Lowest first. A module may import its own group and any group of a lower layer; groups that
     # share a layer are independent of each other. A module belongs to the longest group naming it.
     ("routing", "backends"),  # the pure policy; the engine adapters: neither knows the gateway nor the other
+    ("gateway.strict",),  # the one strict base of every pydantic model at the edges
     ("gateway.tenancy.settings",),  # the auth: and redis: sections of the config schema
     ("gateway.config",),  # the YAML schema and its loader
     ("gateway.telemetry", "gateway.http"),  # metrics and logs; the connection layer (Exchange, ApiError, drain)
