@@ -151,9 +151,12 @@ class Picker:
     async def exchange(self, messages: Iterable[Any]) -> list[Any]:
         """Send every message, then read every answer until the picker ends the stream."""
         call = self.stub.Process()
-        for message in messages:
-            await call.write(message)
-        await call.done_writing()
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+        except grpc.aio.AioRpcError:
+            pass  # the picker ended the stream early: reading gives its answers and status
         return await rest(call)
 
 
