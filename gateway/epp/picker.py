@@ -132,6 +132,15 @@ def refusal(decision: Decision, model: str, wanted: dict[str, str], extras: froz
     return no_candidates(decision, model, wanted, extras)
 
 
+def _usage_of(document: bytes | bytearray) -> Usage | None:
+    """The usage of a whole OpenAI answer; None for anything else."""
+    try:
+        doc = orjson.loads(document)
+        return parse_chunk(doc).usage if isinstance(doc, dict) else None
+    except (AttributeError, TypeError, ValueError, KeyError):  # orjson's decode error is a ValueError
+        return None
+
+
 class Ticket:
     """One picked request on the fleet's books, from the pick to its answer's end (released once)."""
 
@@ -185,10 +194,15 @@ class Ticket:
             self._events, self._whole = EventParser(), None
 
     def body(self, chunk: bytes) -> None:
-        """A piece of the answer, as the proxy passes it on."""
+        """A piece of the answer, as the proxy passes it on. An answer not shaped as OpenAI's is still
+        passed on whole; only reading it stops."""
         if self._events is not None:
-            for event in self._events.feed(chunk):
-                self._event(event.data)
+            try:
+                for event in self._events.feed(chunk):
+                    self._event(event.data)
+            except (AttributeError, TypeError, ValueError, KeyError) as exc:
+                log.warning("unreadable stream from %s, not learned from: %r", self.entry.name, exc)
+                self._events = None
         elif self._whole is not None:
             self._whole += chunk
             if len(self._whole) > MAX_WHOLE_BYTES:
@@ -227,11 +241,7 @@ class Ticket:
         if self._events is not None and self._first_at is not None:
             self._learn_stream(entry)
         elif self._whole is not None:
-            try:
-                doc = orjson.loads(self._whole)
-            except orjson.JSONDecodeError:
-                doc = None
-            self._usage = parse_chunk(doc).usage if isinstance(doc, dict) else None
+            self._usage = _usage_of(self._whole)
             self._accounts.answered(entry)
         usage = self._usage
         if usage is not None and usage.cached_tokens is not None and self._ages:

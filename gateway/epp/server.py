@@ -31,6 +31,13 @@ log = logging.getLogger("enginegate.epp")
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH = ("liveness", "readiness", SERVICE)
+EXPECTED = {
+    "request headers": ("request_headers",),
+    "request body": ("request_body", "request_trailers"),
+    "upstream": ("request_trailers", "response_headers"),
+    "response": ("response_body", "response_trailers"),
+}
+"""The messages each phase of a stream takes (after the answer's end, none)."""
 
 
 class UnsupportedMode(wire.ProtocolError):
@@ -58,13 +65,7 @@ class Exchange:
         subset = wire.subset_of(request)
         if subset is not None:
             self._subset = subset
-        expected = {
-            "request headers": ("request_headers",),
-            "request body": ("request_body", "request_trailers"),
-            "upstream": ("request_trailers", "response_headers"),
-            "response": ("response_body", "response_trailers"),
-        }.get(self._phase, ())
-        if kind not in expected:
+        if kind not in EXPECTED.get(self._phase, ()):
             raise wire.ProtocolError(f"{kind or 'a message with no request'} is out of order: {self._phase} expected")
         if self.ticket is not None:
             self.ticket.served(wire.served_of(request))
@@ -159,6 +160,9 @@ class Processor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except wire.ProtocolError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception:  # a bug: this stream ends with INTERNAL, the picker serves the next
+            log.exception("the endpoint picker failed on a stream")
+            await context.abort(grpc.StatusCode.INTERNAL, "the endpoint picker failed")
         finally:  # also when the proxy or the client went away mid-stream (cancelled)
             exchange.close()
 

@@ -88,11 +88,20 @@ def streamed_mode(request: Any) -> bool:
     return bool(request.protocol_config.request_body_mode == FULL_DUPLEX)
 
 
+def _set(name: str, value: str) -> Any:
+    """A header set to ``value``, replacing any the client sent: appended to a client's own
+    ``x-gateway-destination-endpoint`` (Envoy's default action), a pick could be steered."""
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=name, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
 def picked(endpoints: list[str]) -> Any:
     """The request headers' answer: the endpoints, best first, in the header and in ``envoy.lb``
     metadata, the same string in both; the route is recomputed with the new header."""
     value = ",".join(endpoints)
-    header = base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=DESTINATION, raw_value=value.encode()))
+    header = _set(DESTINATION, value)
     metadata = struct_pb2.Struct()
     metadata.update({NAMESPACE: {DESTINATION: value}})
     common = ext.CommonResponse(header_mutation=ext.HeaderMutation(set_headers=[header]), clear_route_cache=True)
@@ -130,12 +139,7 @@ def trailers_seen(response: bool) -> Any:
 def refusal(error: ApiError) -> Any:
     """The client's answer, from the picker instead of an endpoint: OpenAI's error JSON."""
     headers: Mapping[str, str] = {"content-type": "application/json", **error.headers()}
-    mutation = ext.HeaderMutation(
-        set_headers=[
-            base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()))
-            for k, v in headers.items()
-        ]
-    )
+    mutation = ext.HeaderMutation(set_headers=[_set(k, v) for k, v in headers.items()])
     immediate = ext.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=error.status),
         headers=mutation,

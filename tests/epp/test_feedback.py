@@ -124,3 +124,22 @@ def test_the_response_passes_through_unchanged_in_order(tmp_path: Path) -> None:
             assert [a.response_body.response.body_mutation.streamed_response.body for a in answers[1:]] == pieces
 
     asyncio.run(main())
+
+
+def test_an_answer_not_shaped_as_openais_passes_through_and_closes_its_account(tmp_path: Path) -> None:
+    odd = b'data: {"choices": "not a list"}\n\ndata: [1, 2]\n\ndata: {"choices": [{"delta": 5}]}\n\n'
+
+    async def main() -> None:
+        async with running(tmp_path) as picker:
+            call, answers = await picked(picker)
+            entry = picker.entry("h100" if destination(answers[0])[0].startswith("10.0.0.1") else "a10g")
+            await call.write(response_headers())
+            await call.write(response_body(odd, end=False))
+            await call.write(response_body(sse(*WORDS), end=True))
+            await call.done_writing()
+            passed = await rest(call)
+            bodies = [a.response_body.response.body_mutation.streamed_response.body for a in passed[1:]]
+            assert bodies == [odd, sse(*WORDS)]
+            assert (entry.in_flight, entry.breaker.failures) == (0, 0)
+
+    asyncio.run(main())

@@ -37,6 +37,9 @@ def test_the_pick_is_in_the_header_and_the_metadata_alike_with_its_fallbacks(tmp
             assert destination(tight[0]) == (f"{H100},{A10G}", f"{H100},{A10G}")
             assert destination(relaxed[0]) == (f"{A10G},{H100}", f"{A10G},{H100}")
             assert tight[0].request_headers.response.clear_route_cache
+            # A client's own x-gateway-destination-endpoint is replaced, never appended to.
+            [header] = tight[0].request_headers.response.header_mutation.set_headers
+            assert header.append_action == header.OVERWRITE_IF_EXISTS_OR_ADD
 
     asyncio.run(main())
 

@@ -80,6 +80,23 @@ def test_the_stream_ends_with_the_answer_and_a_late_message_changes_nothing(tmp_
     asyncio.run(main())
 
 
+def test_request_trailers_end_the_body_and_are_answered_after_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as picker:
+            body = chat()
+            trailers = ext.ProcessingRequest(request_trailers=ext.HttpTrailers())
+            answers = await picker.exchange([request_headers(), chunk(body[:100]), chunk(body[100:]), trailers])
+            assert [a.WhichOneof("response") for a in answers] == [
+                "request_headers",
+                "request_body",
+                "request_trailers",
+            ]
+            handed_back = answers[1].request_body.response.body_mutation.streamed_response
+            assert (handed_back.body, handed_back.end_of_stream) == (body, False)  # the trailers end the request
+
+    asyncio.run(main())
+
+
 def test_a_proxy_that_buffers_the_body_is_told_the_mode_it_needs(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as picker:
