@@ -60,8 +60,8 @@ class Picker:
         path = headers.get(":path", "").partition("?")[0]
         surface = ROUTES.get(path)
         if surface is None:
-            routes = " and ".join(ROUTES)
-            raise ApiError(404, f"The endpoint picker routes {routes}, not {path or 'this path'}.", code="unknown_url")
+            # The path is not echoed: what the client sent stays out of the answer.
+            raise ApiError(404, f"The endpoint picker routes only {' and '.join(ROUTES)}.", code="unknown_url")
         rt = self.state.runtime
         limits = rt.config.limits
         if len(body) > limits.max_body_bytes:
