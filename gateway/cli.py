@@ -1,4 +1,4 @@
-"""The ``enginegate`` command: ``serve``, ``config check``, ``route explain``, ``simulate`` and ``keys``."""
+"""The ``enginegate`` command: ``serve``, ``epp``, ``config check``, ``route explain``, ``simulate`` and ``keys``."""
 
 from __future__ import annotations
 
@@ -222,6 +222,31 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _epp(args: argparse.Namespace) -> int:
+    """The routing policy as an Envoy external processor: an Inference Extension endpoint picker."""
+    import asyncio
+
+    from gateway.telemetry.logs import configure
+
+    configure(args.log_level, args.log_format)
+    loaded = _load(args.config)
+    if loaded is None:
+        return 1
+    try:
+        from gateway.epp.server import run
+    except ImportError as exc:
+        print(f"enginegate epp needs gRPC and Envoy's protos: pip install 'enginegate[epp]' ({exc})", file=sys.stderr)
+        return 1
+    ports = [args.port] if args.health_port is None else [args.port, args.health_port]
+    try:
+        asyncio.run(run(loaded, args.host, ports))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="enginegate", description="Multi-engine LLM serving gateway.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-format", default="json", choices=["json", "text"])
     serve.add_argument("--workers", type=int, default=1, help="worker processes (metrics are shared)")
     serve.set_defaults(func=_serve)
+    epp = sub.add_parser("epp", help="pick endpoints for a Kubernetes inference gateway (Envoy ext_proc, gRPC)")
+    epp.add_argument("--config", type=Path, required=True, help="models and backends; each backend url is an endpoint")
+    epp.add_argument("--host", default="0.0.0.0")
+    epp.add_argument("--port", type=int, default=9002, help="the ExternalProcessor and gRPC health")
+    epp.add_argument("--health-port", type=int, help="the same services on a second port (the reference's 9003)")
+    epp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    epp.add_argument("--log-format", default="json", choices=["json", "text"])
+    epp.set_defaults(func=_epp)
     config = sub.add_parser("config", help="work with config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a config file and exit non-zero on errors")

@@ -79,5 +79,10 @@ class Accounts:
         entry.observed = observe(entry.observed, prior_ttft_ms, ttft_ms, tpot_ms, out_tokens)
         entry.breaker.success()
 
+    def answered(self, entry: Entry) -> None:
+        """An answer ended well, but with no timing to learn from (an endpoint picker that saw only a
+        whole document, never its first token): the breaker hears the success, the estimator nothing."""
+        entry.breaker.success()
+
     def failed(self, entry: Entry) -> None:
         entry.breaker.failure()

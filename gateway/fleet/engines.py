@@ -12,6 +12,7 @@ from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
 from backends.http_base import HttpSettings
 from backends.httpclient import tls_context
 from backends.llama_server import LlamaServerBackend
+from backends.openai_compat import OpenAICompatBackend
 from backends.tgi import TgiBackend, TgiMessagesBackend
 from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
 from backends.vllm import VLLMBackend
@@ -56,6 +57,13 @@ def declared_capabilities(engine: str) -> Capabilities:
         "llama_cpp": LlamaCppBackend,
     }
     return capabilities_of(classes.get(engine))
+
+
+def speaks_openai(engine: str) -> bool:
+    """Whether an engine kind's adapter speaks OpenAI's own routes and bodies (``OpenAICompatBackend``):
+    a body a client sent can reach that engine as it is (``enginegate epp`` forwards nothing else)."""
+    adapter = _PLAIN_HTTP.get(engine)
+    return isinstance(adapter, type) and issubclass(adapter, OpenAICompatBackend)
 
 
 def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:

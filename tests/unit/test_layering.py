@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.pipeline",),  # the one generation pipeline
     ("gateway.doors",),  # the front doors (and the admin API): they use the pipeline, never the reverse
     ("gateway.api_app",),  # the OpenAPI document of every door
-    ("gateway.app",),  # the composition root: the ASGI app and its routes
+    ("gateway.app", "gateway.epp"),  # the composition roots: the ASGI app and its routes; the endpoint picker
     ("gateway.cli",),  # the `enginegate` command: serve, explain, simulate, keys
 )
 
