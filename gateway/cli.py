@@ -153,7 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.http.drain import SETTLE_S, attach
-    from gateway.http.protocol import GatewayHttpProtocol, raise_fd_limit
+    from gateway.http.limits import raise_fd_limit
+    from gateway.http.protocol import GatewayHttpProtocol
     from gateway.telemetry.logs import configure
 
     configure(args.log_level, args.log_format)

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.http.protocol import allowed_hosts, host_name
+from gateway.http.limits import allowed_hosts, host_name
 from tests.abuse.probes import Engine, config_text
 from tests.conftest import GatewayProcess
 

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.http.protocol import HEALTH_ROOM
+from gateway.http.limits import HEALTH_ROOM
 from tests.abuse.conftest import SERVER
 from tests.abuse.probes import Engine, Monitor, config_text, health_ms, legit_chat, open_fds, request, status_of
 from tests.conftest import GatewayProcess

@@ -7,7 +7,7 @@ import resource
 
 import pytest
 
-from gateway.http.protocol import FD_SPARE, HEALTH_ROOM, connection_cap
+from gateway.http.limits import FD_SPARE, HEALTH_ROOM, connection_cap
 
 
 def test_each_connection_is_counted_with_its_engine_connection(monkeypatch: pytest.MonkeyPatch) -> None:
