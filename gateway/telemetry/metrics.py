@@ -182,6 +182,12 @@ class Metrics:
         self._multiprocess_dir = multiprocess_dir
         self.registry = r = CollectorRegistry()
         self._models = frozenset(models)
+        self._define_request_series(r)
+        self._define_routing_series(r)
+        self.fleet = _FleetGauges(r, backends, snapshot, event_streams)
+
+    def _define_request_series(self, r: CollectorRegistry) -> None:
+        """What requests did: counts by outcome, their times, tokens and how many are in flight."""
         self._requests = _Children(Counter(
             "enginegate_requests",
             "Requests by route, model, backend, outcome (ok, error, cancelled) and status class (2xx, 4xx, 5xx;"
@@ -224,6 +230,9 @@ class Metrics:
                 multiprocess_mode="livesum",
             )
         )  # fmt: skip
+
+    def _define_routing_series(self, r: CollectorRegistry) -> None:
+        """What the gateway decided: routing reasons, attempts, failovers, its own overhead, reloads."""
         self._decisions = _Children(Counter(
             "enginegate_routing_decisions", "Routing decisions by reason and first-choice backend.",
             ["reason", "backend"], registry=r,
@@ -253,7 +262,6 @@ class Metrics:
             "(received), could not tell (dropped: Redis slow or away) or could not read (malformed).",
             ["direction"], registry=r,
         ))  # fmt: skip
-        self.fleet = _FleetGauges(r, backends, snapshot, event_streams)
 
     def model(self, name: str) -> str:
         return name if name in self._models else OTHER_MODEL
