@@ -100,11 +100,14 @@ class CTranslate2Backend(InProcessEngine):
         max_concurrency: int = 4,
         max_queue: int = 64,
         ggufs: GgufCache | None = None,
+        tool_parser: str | None = None,
     ) -> None:
+        """``tool_parser`` is the model's tool-call format: an answer with tools ends after its calls."""
         from tokenizers import Tokenizer
 
         model_dir, gguf = derive(gguf_path, cache_dir, ggufs)
         super().__init__(name, model_name, gguf.vocab, gguf.context_length, max_concurrency, max_queue)
+        self._tool_format = tool_parser
         self._model_dir = model_dir
         self._threads = threads
         self._generator = self._new_generator()
