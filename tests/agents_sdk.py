@@ -21,7 +21,11 @@ under ``Runner.run_streamed``); by default the SDK uses the Responses API.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
+
+import openai
 
 PARAMETERS: dict[str, Any] = {
     "properties": {"city": {"title": "City", "type": "string"}},
@@ -79,3 +83,44 @@ def responses_body(model: str, **settings: Any) -> dict[str, Any]:
         ],
         **settings,
     }
+
+
+@dataclass(frozen=True)
+class Answer:
+    content: str
+    calls: list[tuple[str, Any]]
+    """(name, arguments parsed from their JSON) per call, in index order."""
+    finish: str | None
+    backend: str
+    """The gateway's ``x-enginegate-backend``: which engine answered."""
+
+
+def ask(client: openai.OpenAI, model: str, *, stream: bool, **settings: Any) -> Answer:
+    """The SDK's chat request with ``settings`` (its model settings' fields) through the official
+    client, streamed or whole, read as an OpenAI client reads it."""
+    body = chat_body(model, **settings)
+    kwargs = {k: v for k, v in body.items() if k not in ("model", "messages", "tools")}
+    create = client.chat.completions.with_raw_response.create
+    if not stream:
+        raw = create(model=model, messages=body["messages"], tools=body["tools"], **kwargs)
+        choice = raw.parse().choices[0]
+        calls = [
+            (c.function.name, json.loads(c.function.arguments))
+            for c in choice.message.tool_calls or ()
+            if c.type == "function"
+        ]
+        return Answer(choice.message.content or "", calls, choice.finish_reason, raw.headers["x-enginegate-backend"])
+    streamed = create(model=model, messages=body["messages"], tools=body["tools"], stream=True, **kwargs)
+    content, finish = "", None
+    slots: dict[int, list[str]] = {}
+    for chunk in streamed.parse():
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for piece in choice.delta.tool_calls or ():
+                slot = slots.setdefault(piece.index, ["", ""])
+                if piece.function is not None:
+                    slot[0] += piece.function.name or ""
+                    slot[1] += piece.function.arguments or ""
+            finish = choice.finish_reason or finish
+    calls = [(name, json.loads(args)) for _, (name, args) in sorted(slots.items())]
+    return Answer(content, calls, finish, streamed.headers["x-enginegate-backend"])
