@@ -20,6 +20,14 @@ after ``repetition_penalty``.
 What CTranslate2 cannot do here: OpenAI's additive ``presence_penalty``/``frequency_penalty`` (it has
 only the multiplicative ``repetition_penalty``) and ``logit_bias`` (its logits processors are C++ only:
 the Python API takes none), and constrained decoding (no grammar), so no JSON mode and no forced tool call.
+
+Tool calls with ``tool_choice`` auto: llama-server holds a call the model opens to the call's format
+(a lazy grammar, triggered by ``<tool_call>``); CTranslate2 cannot. A model that writes a complete call
+and then text where the end tag belongs (the demo model does, for the OpenAI Agents SDK's strict
+schemas) gets the same answer here: the call counts at its closing brace and generation stops at the
+text after it (``tool_calls.answer_end``). What stays different is sampling: a sampled call body that
+is not a JSON object is the model's text here (tags removed), where llama-server's grammar would have
+made it a call.
 """
 
 from __future__ import annotations
