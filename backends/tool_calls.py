@@ -6,14 +6,16 @@ now and ``ToolCallDelta``s as OpenAI streams them: per call a first piece with i
 then the arguments (a JSON string of the object). Formats:
 
 - ``hermes``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, any number of calls,
-  content before them kept (Hermes, Qwen2.5, the demo model).
+  content before them kept; a call counts at its closing brace and only more calls may follow it,
+  as the engines that constrain calls (llama-server, vLLM for strict tools) let a model write them
+  (Hermes, Qwen2.5, the demo model).
 - ``llama3_json``: the whole answer one ``{"name": ..., "parameters": {...}}`` (or several joined by
   ``;``), optionally after ``<|python_tag|>`` (Llama 3.1+).
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or the newer
   ``[TOOL_CALLS]name[ARGS]{...}``.
 
 Text that may be the start of a tag is held back until it is known, tag text is never sent as
-content, and call text that does not parse falls back to content. Pure: no I/O; work per ``feed``
+content, and call text that does not parse falls back to content (without tags). Pure: no I/O; work per ``feed``
 is linear in the new text.
 """
 
