@@ -22,12 +22,13 @@ only the multiplicative ``repetition_penalty``) and ``logit_bias`` (its logits p
 the Python API takes none), and constrained decoding (no grammar), so no JSON mode and no forced tool call.
 
 Tool calls with ``tool_choice`` auto: llama-server holds a call the model opens to the call's format
-(a lazy grammar, triggered by ``<tool_call>``); CTranslate2 cannot. A model that writes a complete call
+(a lazy grammar, triggered by ``<tool_call>``), and so does vLLM when a tool is ``strict`` (an xgrammar
+structural tag; the Agents SDK marks every tool strict); CTranslate2 cannot. A model that writes a complete call
 and then text where the end tag belongs (the demo model does, for the OpenAI Agents SDK's strict
 schemas) gets the same answer here: the call counts at its closing brace and generation stops at the
 text after it (``tool_calls.answer_end``). What stays different is sampling: a sampled call body that
-is not a JSON object is the model's text here (tags removed), where llama-server's grammar would have
-made it a call.
+is not a JSON object is the model's text here (tags removed), where those grammars would have made it
+a call; and ``strict`` arguments are not held to their schema.
 """
 
 from __future__ import annotations

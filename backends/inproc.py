@@ -394,9 +394,8 @@ class InProcessEngine:
         """Checks the context room, then streams what ``token_loop`` generates on a worker thread."""
         max_tokens = check_context(request, prompt_tokens, self.context_length)
         echo = (request.prompt or "") if request.echo and request.messages is None else ""
-        ended = None
-        if self._tool_format is not None and request.messages is not None and request.tool_choice != "none":
-            ended = answer_end(self._tool_format) if request.tools else None
+        offered = request.messages is not None and bool(request.tools) and request.tool_choice != "none"
+        ended = answer_end(self._tool_format) if self._tool_format is not None and offered else None
         return self._workers.run(
             request, token_loop, prompt_tokens, self._pieces, self._stop_ids, max_tokens, echo, ended
         )
