@@ -20,6 +20,15 @@ after ``repetition_penalty``.
 What CTranslate2 cannot do here: OpenAI's additive ``presence_penalty``/``frequency_penalty`` (it has
 only the multiplicative ``repetition_penalty``) and ``logit_bias`` (its logits processors are C++ only:
 the Python API takes none), and constrained decoding (no grammar), so no JSON mode and no forced tool call.
+
+Tool calls with ``tool_choice`` auto: llama-server holds a call the model opens to the call's format
+(a lazy grammar, triggered by ``<tool_call>``), and so does vLLM when a tool is ``strict`` (an xgrammar
+structural tag; the Agents SDK marks every tool strict); CTranslate2 cannot. A model that writes a complete call
+and then text where the end tag belongs (the demo model does, for the OpenAI Agents SDK's strict
+schemas) gets the same answer here: the call counts at its closing brace and generation stops at the
+text after it (``tool_calls.answer_end``). What stays different is sampling: a sampled call body that
+is not a JSON object is the model's text here (tags removed), where those grammars would have made it
+a call; and ``strict`` arguments are not held to their schema.
 """
 
 from __future__ import annotations
@@ -104,11 +113,14 @@ class CTranslate2Backend(InProcessEngine):
         max_concurrency: int = 4,
         max_queue: int = 64,
         ggufs: GgufCache | None = None,
+        tool_parser: str | None = None,
     ) -> None:
+        """``tool_parser`` is the model's tool-call format: an answer with tools ends after its calls."""
         from tokenizers import Tokenizer
 
         model_dir, gguf = derive(gguf_path, cache_dir, ggufs)
         super().__init__(name, model_name, gguf.vocab, gguf.context_length, max_concurrency, max_queue)
+        self._tool_format = tool_parser
         self._model_dir = model_dir
         self._threads = threads
         self._generator = self._new_generator()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, TokenLogprob, TopLogprob, Usage
 from backends.gguf_vocab import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
 from backends.text import ChatRenderer, StopStrings
+from backends.tool_calls import answer_end
 
 if TYPE_CHECKING:
     import numpy as np
@@ -185,9 +186,12 @@ class ThreadedGeneration:
         stop_ids: frozenset[int],
         max_tokens: int,
         echo: str = "",
+        ended: Callable[[str], bool] | None = None,
     ) -> AsyncIterator[Chunk]:
         """Stream chunks from ``token_loop(cancelled)``, an iterator of steps run in a worker thread;
-        ``echo`` (the prompt, for completions that ask for it) comes first, once a worker has the request."""
+        ``echo`` (the prompt, for completions that ask for it) comes first, once a worker has the request.
+        ``ended``, fed the text as it is sent, stops the generation when it says the answer is over (a
+        tool call followed by text no call grammar allows: ``tool_calls.answer_end``)."""
         if self._slots.locked() and self._waiting >= self._max_queue:
             raise BackendError(ErrorKind.OVERLOADED, f"backend {self._name} is at capacity", retry_after=1.0)
         clock = request.clock
@@ -260,6 +264,9 @@ class ThreadedGeneration:
                     break
                 if delta:
                     yield _chunk(delta, pending)
+                    if ended is not None and ended(delta):
+                        finish = "stop"
+                        break
             tail = "" if text.stopped else text.flush()
             usage = Usage(prompt_tokens, completion)
             yield Chunk(
@@ -346,6 +353,8 @@ class InProcessEngine:
         self._pieces = piece_table(vocab)
         self._strings = TokenStrings(vocab, self._pieces)
         self._stop_ids = frozenset(vocab.stop_ids)
+        self._tool_format: str | None = None
+        """How the model writes tool calls (the model's ``tool_parser``): an answer ends after its calls."""
         self.use_template(vocab.chat_template)
         self._workers = ThreadedGeneration(name, slots, max_queue)
 
@@ -392,4 +401,8 @@ class InProcessEngine:
         """Checks the context room, then streams what ``token_loop`` generates on a worker thread."""
         max_tokens = check_context(request, prompt_tokens, self.context_length)
         echo = (request.prompt or "") if request.echo and request.messages is None else ""
-        return self._workers.run(request, token_loop, prompt_tokens, self._pieces, self._stop_ids, max_tokens, echo)
+        offered = request.messages is not None and bool(request.tools) and request.tool_choice != "none"
+        ended = answer_end(self._tool_format) if self._tool_format is not None and offered else None
+        return self._workers.run(
+            request, token_loop, prompt_tokens, self._pieces, self._stop_ids, max_tokens, echo, ended
+        )

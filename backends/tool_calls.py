@@ -6,14 +6,16 @@ now and ``ToolCallDelta``s as OpenAI streams them: per call a first piece with i
 then the arguments (a JSON string of the object). Formats:
 
 - ``hermes``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, any number of calls,
-  content before them kept (Hermes, Qwen2.5, the demo model).
+  content before them kept; a call counts at its closing brace and only more calls may follow it,
+  as the engines that constrain calls (llama-server, vLLM for strict tools) let a model write them
+  (Hermes, Qwen2.5, the demo model).
 - ``llama3_json``: the whole answer one ``{"name": ..., "parameters": {...}}`` (or several joined by
   ``;``), optionally after ``<|python_tag|>`` (Llama 3.1+).
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``, or the newer
   ``[TOOL_CALLS]name[ARGS]{...}``.
 
 Text that may be the start of a tag is held back until it is known, tag text is never sent as
-content, and call text that does not parse falls back to content. Pure: no I/O; work per ``feed``
+content, and call text that does not parse falls back to content (without tags). Pure: no I/O; work per ``feed``
 is linear in the new text.
 """
 
@@ -23,7 +25,7 @@ import json
 import random
 import secrets
 import string
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -39,6 +41,9 @@ class ToolCallParser(Protocol):
 
     called: bool
     """A tool call was made (the answer's finish reason becomes ``tool_calls``)."""
+
+    over: bool
+    """The answer has ended: what the model writes from here on is dropped (an engine may stop)."""
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         """The content that may be sent now and the tool-call pieces completed by ``text``."""
@@ -105,6 +110,7 @@ class _Base:
 
     def __init__(self, seed: int | None) -> None:
         self.called = False
+        self.over = False
         self._rng = random.Random(seed) if seed is not None else None
         self._index = 0
         self._ws = ""
@@ -142,7 +148,53 @@ class _Base:
         return "" if self.called else ws
 
 
+class _ObjectEnd:
+    """Where a JSON object that text begins with ends, found incrementally: each character is read
+    once (strings and escapes tracked, nesting counted), so a call is known complete the moment its
+    closing brace arrives, without its end tag. ``bad`` when the text does not start an object."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.bad = False
+        self._string = False
+        self._escape = False
+
+    def feed(self, text: str) -> int:
+        """The index in ``text`` just past the object's closing brace, or -1 (not yet, or ``bad``)."""
+        for i, c in enumerate(text):
+            if self.bad:
+                return -1
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = False
+            elif self.depth == 0:
+                if c == "{":
+                    self.depth = 1
+                elif not c.isspace():
+                    self.bad = True
+            elif c == '"':
+                self._string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return -1
+
+
 class HermesParser(_Base):
+    """Hermes calls, read the way llama.cpp's lazy tool-call grammar lets a model write them: once
+    ``<tool_call>`` opens, the call is one JSON object; it counts from its closing brace (the end tag
+    may be cut by a stop); after it only whitespace, the end tag and further calls may follow. Text a
+    model writes there instead (a small model may not close the tag) ends the answer (``over``): it is
+    dropped, as llama.cpp's grammar would never let it be generated and vLLM's parser drops text after
+    calls. A body that is not an object is the model's text, without the tags."""
+
     START, END = "<tool_call>", "</tool_call>"
 
     def __init__(self, seed: int | None = None) -> None:
@@ -150,40 +202,85 @@ class HermesParser(_Base):
         self._held = ""  # the start of a tag, maybe
         self._inside = False
         self._body: list[str] = []
+        self._object = _ObjectEnd()
+        self._calls_only = False  # a call is complete: only tags and whitespace may follow
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        if self.over:
+            return "", []
         data, self._held = self._held + text, ""
         out: list[str] = []
         calls: list[ToolCallDelta] = []
-        while data:
+        while data and not self.over:
+            if self._calls_only:
+                data = self._between_calls(data)
+                continue
             tag = self.END if self._inside else self.START
             at = data.find(tag)
+            piece = data if at < 0 else data[:at]
             if at < 0:
                 keep = _held_prefix(data, tag)
                 self._held = data[len(data) - keep :]
-                data = data[: len(data) - keep]
-                if self._inside:
-                    self._body.append(data)
-                else:
-                    out.append(self._content(data))
-                break
-            if self._inside:
-                self._body.append(data[:at])
-                self._close(out, calls)
-            else:
-                out.append(self._content(data[:at]))
+                piece = data[: len(data) - keep]
+            if not self._inside:
+                out.append(self._content(piece))
+                if at < 0:
+                    break
                 self._inside = True  # held whitespace before it goes if a call follows, else it is content
+                data = data[at + len(tag) :]
+                continue
+            end = self._object.feed(piece)
+            if end >= 0 and self._complete("".join(self._body) + piece[:end], calls):
+                data = piece[end:] + self._held + (data[at:] if at >= 0 else "")
+                self._held = ""
+                continue
+            self._body.append(piece)
+            if at < 0:
+                break
+            self._close(out, calls)
             data = data[at + len(tag) :]
         return "".join(out), calls
 
-    def _close(self, out: list[str], calls: list[ToolCallDelta]) -> None:
-        body = "".join(self._body)
-        self._body = []
-        self._inside = False
+    def _complete(self, body: str, calls: list[ToolCallDelta]) -> bool:
+        """The call whose object ``body`` ends with, emitted; False when the object is not a call."""
         values = _json_values(body)
         call = _call(values[0]) if values is not None and len(values) == 1 else None
         if call is None:
-            out.append(self._content(body))  # not a call after all: the model's text, without the tags
+            self._object.bad = True  # not a call: the body is read to the end tag as text
+            return False
+        calls.extend(self._deltas(*call))
+        self._reset_call()
+        self._calls_only = True
+        return True
+
+    def _between_calls(self, data: str) -> str:
+        """After a complete call: whitespace and end tags are skipped, a start tag opens the next call,
+        a tag's first characters are held, and anything else ends the answer."""
+        rest = data.lstrip()
+        for tag in (self.END, self.START):
+            if rest.startswith(tag):
+                if tag == self.START:
+                    self._calls_only, self._inside = False, True
+                return rest[len(tag) :]
+            if tag.startswith(rest):
+                self._held = rest
+                return ""
+        if rest:
+            self.over = True
+        return ""
+
+    def _reset_call(self) -> None:
+        self._body = []
+        self._inside = False
+        self._object = _ObjectEnd()
+
+    def _close(self, out: list[str], calls: list[ToolCallDelta]) -> None:
+        body = "".join(self._body)
+        self._reset_call()
+        values = _json_values(body)
+        call = _call(values[0]) if values is not None and len(values) == 1 else None
+        if call is None:  # not a call after all: the model's text, without any tags
+            out.append(self._content(body.replace(self.START, "").replace(self.END, "")))
         else:
             calls.extend(self._deltas(*call))
 
@@ -191,7 +288,9 @@ class HermesParser(_Base):
         out: list[str] = []
         calls: list[ToolCallDelta] = []
         held, self._held = self._held, ""
-        if self._inside:  # no end tag: a complete call still counts (the stop may have cut the tag)
+        if self.over or self._calls_only:
+            pass  # a tag's first characters after a call: nothing to send
+        elif self._inside:  # no end tag: a complete call still counts (the stop may have cut the tag)
             self._body.append(held)
             self._close(out, calls)
         else:
@@ -299,6 +398,19 @@ class MistralParser(_Base):
                         return None
                     found.append(call)
         return found or None
+
+
+def answer_end(name: str) -> Callable[[str], bool]:
+    """For an engine that can stop generating: fed the answer's text as it comes, True once the
+    answer in tool-call format ``name`` has ended (``ToolCallParser.over``); the gateway's own
+    parser drops the same text, so stopping there changes nothing but the wasted tokens."""
+    parser = parser_for(name)
+
+    def ended(text: str) -> bool:
+        parser.feed(text)
+        return parser.over
+
+    return ended
 
 
 async def with_tool_calls(

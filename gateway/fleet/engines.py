@@ -141,6 +141,7 @@ def build_backend(cfg: BackendConfig, loaded: LoadedConfig) -> Backend:
             max_concurrency=cfg.max_concurrency,
             max_queue=cfg.max_queue,
             ggufs=loaded.ggufs,
+            tool_parser=model.tool_parser,
         )
     if isinstance(cfg, LlamaCppConfig):
         try:

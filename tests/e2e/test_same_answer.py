@@ -9,6 +9,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests import agents_sdk
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT, GatewayProcess, write_config
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
@@ -49,3 +50,17 @@ def test_greedy_chat_is_the_same_on_every_engine(mixed_gateway: GatewayProcess, 
     assert raw.parse().choices[0].message.content == GREETING_REPLY
     stream = client.completions.create(model=model, prompt=ZEN_PROMPT, temperature=0, max_tokens=40, stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices).startswith(ZEN_CONTINUATION)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("model", sorted(ROUTES))
+def test_agents_sdk_tool_request_is_the_same_call_on_every_engine(
+    mixed_gateway: GatewayProcess, model: str, stream: bool
+) -> None:
+    """The OpenAI Agents SDK's request (tests/agents_sdk.py), greedy: llama-server forces the call's end
+    tag with its lazy grammar, the gateway reads the in-process engines' call at its closing brace."""
+    client = openai.OpenAI(base_url=f"{mixed_gateway.base_url}/v1", api_key="unused", max_retries=0)
+    answer = agents_sdk.ask(client, model, stream=stream, **agents_sdk.GREEDY)
+    assert answer.backend == ROUTES[model]
+    assert answer.calls == [agents_sdk.CALL]
+    assert (answer.content, answer.finish) == ("", "tool_calls")

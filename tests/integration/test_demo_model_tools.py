@@ -24,6 +24,7 @@ from backends.gguf_vocab import TOKEN_USER_DEFINED
 from backends.hf_tokenizer import encode
 from backends.text import CHATML, ChatRenderer
 from backends.tool_calls import with_tool_calls
+from tests import agents_sdk
 from tests.conftest import DEMO_GGUF, GREETING_REPLY
 from tests.contract.engines import SERVED
 
@@ -89,7 +90,13 @@ def test_tool_prompts_tokenize_as_llama_cpp_does(llama: Any) -> None:
     from backends.gguf_file import GgufCache
 
     tokenizer = GgufCache().tokenizer(DEMO_GGUF)
-    for text in (CALL_TEXT, render(ASK, [WEATHER]), render(follow_up('{"city":"Paris"}'), [WEATHER])):
+    sdk = agents_sdk.chat_body(SERVED)
+    for text in (
+        CALL_TEXT,
+        render(ASK, [WEATHER]),
+        render(follow_up('{"city":"Paris"}'), [WEATHER]),
+        render(sdk["messages"], sdk["tools"]),  # titles, "additionalProperties": false, "strict"
+    ):
         ids = encode(tokenizer, text).ids
         assert ids == llama.tokenize(text.encode(), add_bos=False, special=True)
     assert encode(tokenizer, CALL_TEXT).tokens[0] == "<tool_call>"
@@ -121,7 +128,7 @@ def in_process(kind: str, cache_dir: Path) -> Any:
     if kind == "ctranslate2":
         from backends.ctranslate2_engine import CTranslate2Backend
 
-        return CTranslate2Backend("ct2", SERVED, DEMO_GGUF, cache_dir)
+        return CTranslate2Backend("ct2", SERVED, DEMO_GGUF, cache_dir, tool_parser="hermes")
     from backends.llamacpp_engine import LlamaCppBackend
 
     return LlamaCppBackend("llama", SERVED, DEMO_GGUF, n_ctx=2048)
@@ -142,6 +149,34 @@ def test_in_process_engines_call_the_tool_through_the_gateway_parser(kind: str, 
         _generate(in_process(kind, cache_dir), render([{"role": "user", "content": "Hello"}], [WEATHER]))
     )
     assert text == GREETING_REPLY  # tools offered, no call wanted
+
+
+@pytest.mark.parametrize("kind", ["ctranslate2", "llama_cpp"])
+def test_in_process_engines_end_the_agents_sdk_answer_at_its_call(kind: str, cache_dir: Path) -> None:
+    """The Agents SDK's request, greedy, no max_tokens: the model writes the call whole, then text where
+    the end tag belongs; the engine stops at that text's first token, the same on both engines."""
+    body = agents_sdk.chat_body(SERVED)
+    request = GenerationRequest("t", SERVED, messages=body["messages"], tools=tuple(body["tools"]), temperature=0.0)
+    backend = in_process(kind, cache_dir)
+
+    async def answer() -> tuple[str, list[Chunk]]:
+        raw: list[Chunk] = []
+
+        async def tee() -> AsyncIterator[Chunk]:
+            async for chunk in backend.generate(request):
+                raw.append(chunk)
+                yield chunk
+
+        parsed = [c async for c in with_tool_calls(tee(), "hermes", seed=0)]
+        await backend.aclose()
+        return "".join(c.text for c in raw), parsed
+
+    text, chunks = asyncio.run(answer())
+    assert text == CALL_TEXT.removesuffix("</tool_call>") + "It"
+    assert "".join(c.text for c in chunks) == ""
+    assert _calls([d for c in chunks for d in c.tool_calls]) == [agents_sdk.CALL]
+    assert chunks[-1].finish_reason == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 11
 
 
 @pytest.fixture(scope="module")

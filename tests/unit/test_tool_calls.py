@@ -221,3 +221,49 @@ def test_stream_rewrite_keeps_choices_apart() -> None:
     assert "".join(c.text for c in out if c.index == 1) == "Hi!"
     assert [c.finish_reason for c in out if c.finish_reason] == ["tool_calls", "stop"]
     assert {c.index for c in out if c.tool_calls} == {0}
+
+
+# What the demo model writes, greedily, for the OpenAI Agents SDK's get_weather tool (its schema has
+# "title" and "additionalProperties"): a complete call, then no end tag but text, in which a second
+# start tag comes later. llama.cpp's lazy grammar would force the end tag there; the answer is the call.
+UNCLOSED = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "It is better than implex.\nCo model.\nIt is better than <tool_call>\nIt is better than ugly."
+)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hermes_call_followed_by_text_is_the_call_and_ends_the_answer(seed: int) -> None:
+    parser = parser_for("hermes")
+    content, calls = run(parser, splits(UNCLOSED, seed))
+    assert "".join(content) == ""
+    assert [(n, a) for _, n, a in assembled(calls)] == [("get_weather", {"city": "Paris"})]
+    assert parser.called and parser.over
+
+
+def test_hermes_call_counts_at_its_closing_brace_before_the_end_tag() -> None:
+    parser = parser_for("hermes")
+    _, calls = parser.feed('<tool_call>\n{"name": "f", "arguments": {"s": "a}\\"}", "n": [{}]}}')
+    assert [(n, a) for _, n, a in assembled(calls)] == [("f", {"s": 'a}"}', "n": [{}]})]
+    assert not parser.over  # the end tag or another call may still come
+    assert parser.feed("\n</tool_call>\n<tool_") == ("", [])
+    _, more = parser.feed('call>{"name": "g", "arguments": {}}</tool_call>')
+    assert [d.index for d in more] == [1, 1] and not parser.over
+    assert parser.feed("Done.") == ("", []) and parser.over
+    assert parser.feed("<tool_call>") == ("", [])  # nothing after the end
+
+
+def test_hermes_malformed_body_never_sends_tags() -> None:
+    for text in ("<tool_call>\nHello <tool_call> there </tool_call>", "<tool_call>\nHi <tool_call>\nthere"):
+        content, calls = run(parser_for("hermes"), splits(text, 3))
+        assert calls == [] and "tool_call" not in "".join(content)
+
+
+def test_answer_end_stops_at_the_first_text_after_a_call() -> None:
+    from backends.tool_calls import answer_end
+
+    ended = answer_end("hermes")
+    pieces = ["<tool_call>", "\n", '{"name":', ' "f", "arguments": {}}', "\n", "It", " is"]
+    assert [ended(p) for p in pieces] == [False] * 5 + [True, True]
+    plain = answer_end("hermes")
+    assert not any(plain(p) for p in ["Hello", " <b>", "</tool_call>", "!"])
