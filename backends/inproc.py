@@ -28,7 +28,17 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Load, TokenLogprob, TopLogprob, Usage
+from backends.base import (
+    BackendError,
+    Chunk,
+    EngineClock,
+    ErrorKind,
+    GenerationRequest,
+    Load,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from backends.gguf_vocab import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED, Vocabulary
 from backends.text import ChatRenderer, StopStrings
 from backends.tool_calls import answer_end
@@ -160,6 +170,52 @@ def _chunk(text: str, pending: list[TokenLogprob]) -> Chunk:
 _DONE = object()
 
 
+class _Answer:
+    """The consumer's side of one generation: steps (token ids, with logprobs) in, chunks out."""
+
+    def __init__(
+        self, text: TextAssembler, stop_ids: frozenset[int], ignore_eos: bool, ended: Callable[[str], bool] | None
+    ) -> None:
+        self.text = text
+        self.stop_ids = stop_ids
+        self.ignore_eos = ignore_eos
+        self.ended = ended
+        self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
+        self.completion = 0
+        self.finish = "length"
+
+    def take(self, item: Any) -> tuple[Chunk | None, bool]:
+        """What to send for this step (if anything), and whether the answer is over."""
+        if type(item) is tuple:
+            item, logprob = item
+            if item not in self.stop_ids or self.ignore_eos:
+                self.pending.append(logprob)
+        if item in self.stop_ids and not self.ignore_eos:
+            self.finish = "stop"
+            return None, True
+        self.completion += 1
+        delta = self.text.feed(item)
+        if self.text.stopped:
+            self.finish = "stop"
+            return (_chunk(delta, self.pending) if delta or self.pending else None), True
+        if not delta:
+            return None, False
+        chunk = _chunk(delta, self.pending)
+        if self.ended is not None and self.ended(delta):
+            self.finish = "stop"
+            return chunk, True
+        return chunk, False
+
+    def last(self, prompt_tokens: int) -> Chunk:
+        """The closing chunk: what the decoder held back, why the answer ended, and its usage."""
+        text = self.text
+        tail = "" if text.stopped else text.flush()
+        usage = Usage(prompt_tokens, self.completion)
+        return Chunk(
+            text=tail, finish_reason=self.finish, usage=usage, logprobs=tuple(self.pending), stop_sequence=text.matched
+        )
+
+
 class ThreadedGeneration:
     """Bounded concurrency for a blocking engine: ``slots`` workers, ``max_queue`` waiters."""
 
@@ -192,9 +248,37 @@ class ThreadedGeneration:
         ``echo`` (the prompt, for completions that ask for it) comes first, once a worker has the request.
         ``ended``, fed the text as it is sent, stops the generation when it says the answer is over (a
         tool call followed by text no call grammar allows: ``tool_calls.answer_end``)."""
+        clock = request.clock
+        await self._admit(clock)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancel = threading.Event()
+        ignore_eos = bool(request.extra.get("ignore_eos", False))
+        self._start(queue, cancel, token_loop, max_tokens, stop_ids, ignore_eos)
+        answer = _Answer(TextAssembler(pieces, request.stop), stop_ids, ignore_eos, ended)
+        try:
+            if echo:
+                yield Chunk(text=echo)
+            while True:
+                waiting = time.perf_counter()
+                item = await queue.get()
+                clock.waited_s += time.perf_counter() - waiting
+                if item is _DONE:
+                    break
+                if isinstance(item, Exception):
+                    raise BackendError(ErrorKind.UPSTREAM, f"{self._name}: {item}") from item
+                chunk, done = answer.take(item)
+                if chunk is not None:
+                    yield chunk
+                if done:
+                    break
+            yield answer.last(prompt_tokens)
+        finally:
+            cancel.set()
+
+    async def _admit(self, clock: EngineClock) -> None:
+        """Wait for a worker (counted as the request's wait); overloaded when the queue is full too."""
         if self._slots.locked() and self._waiting >= self._max_queue:
             raise BackendError(ErrorKind.OVERLOADED, f"backend {self._name} is at capacity", retry_after=1.0)
-        clock = request.clock
         queued = time.perf_counter()
         self._waiting += 1
         try:
@@ -202,10 +286,19 @@ class ThreadedGeneration:
         finally:
             self._waiting -= 1
             clock.waited_s += time.perf_counter() - queued
+
+    def _start(
+        self,
+        queue: asyncio.Queue[Any],
+        cancel: threading.Event,
+        token_loop: TokenLoop,
+        max_tokens: int,
+        stop_ids: frozenset[int],
+        ignore_eos: bool,
+    ) -> None:
+        """Run ``token_loop`` in a worker thread, each step put on ``queue``, then ``_DONE``; the worker's
+        slot is released when the thread ends, whatever the consumer does meanwhile."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
-        ignore_eos = bool(request.extra.get("ignore_eos", False))
 
         def work() -> None:
             try:
@@ -233,47 +326,6 @@ class ThreadedGeneration:
                 loop.call_soon_threadsafe(self._release)
 
         future.add_done_callback(release)
-        text = TextAssembler(pieces, request.stop)
-        pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
-        completion = 0
-        finish = "length"
-        try:
-            if echo:
-                yield Chunk(text=echo)
-            while True:
-                waiting = time.perf_counter()
-                item = await queue.get()
-                clock.waited_s += time.perf_counter() - waiting
-                if item is _DONE:
-                    break
-                if isinstance(item, Exception):
-                    raise BackendError(ErrorKind.UPSTREAM, f"{self._name}: {item}") from item
-                if type(item) is tuple:
-                    item, logprob = item
-                    if item not in stop_ids or ignore_eos:
-                        pending.append(logprob)
-                if item in stop_ids and not ignore_eos:
-                    finish = "stop"
-                    break
-                completion += 1
-                delta = text.feed(item)
-                if text.stopped:
-                    finish = "stop"
-                    if delta or pending:
-                        yield _chunk(delta, pending)
-                    break
-                if delta:
-                    yield _chunk(delta, pending)
-                    if ended is not None and ended(delta):
-                        finish = "stop"
-                        break
-            tail = "" if text.stopped else text.flush()
-            usage = Usage(prompt_tokens, completion)
-            yield Chunk(
-                text=tail, finish_reason=finish, usage=usage, logprobs=tuple(pending), stop_sequence=text.matched
-            )
-        finally:
-            cancel.set()
 
     def _release(self) -> None:
         self.running -= 1
