@@ -445,5 +445,5 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
         if finish is None:
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
         if usage is None:
-            usage = Usage(estimate_tokens(prompt_text(request)), pieces)
+            usage = Usage(estimate_tokens(prompt_text(request)), pieces, prompt_estimated=True)
         yield Chunk(text="" if calls else stops.flush(), finish_reason=finish, usage=usage, tool_calls=ends)

@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 import orjson
@@ -23,7 +24,7 @@ from gateway.errors import ApiError, from_backend, model_not_found
 from gateway.lifecycle import RequestLife
 from gateway.openai_api import error_for_json, prompt_texts
 from gateway.openai_shapes import UsageTotal
-from gateway.shaping import default_length, open_answer
+from gateway.shaping import Recount, default_length, open_answer
 from gateway.streaming import Exchange
 from gateway.surfaces import Answer, Surface
 from routing.features import InvalidHeader, features
@@ -124,7 +125,7 @@ async def _serve(
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
     asked = surface.asked(data, limits, ex.request_id)
-    gen = asked.gen
+    gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     life.model = gen.model
@@ -180,10 +181,13 @@ async def _serve(
     model_context = spec.context
     prompt_tokens = feats.prompt_tokens
 
+    counter = rt.counters.get(gen.model)
+    recount = Recount(exact, counter.count_text) if counter is not None else None
+
     def open_answer_at(target: dispatch.Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
         entry = cast("Entry", target)
         request = default_length(request, limits.max_tokens, entry.profile.context or model_context, prompt_tokens)
-        return open_answer(entry.backend, entry.capabilities, request)
+        return open_answer(entry.backend, entry.capabilities, request, recount)
 
     try:
         committed = await dispatch.start(

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT
 from tests.contract.control import GENERIC_FAULTS, FakeControl
 from tests.contract.subjects import ALL, Subject, closed_port_url, subject
@@ -194,10 +194,15 @@ def fake_only(subj: Subject) -> FakeControl:
 
 
 def test_backend_says_whether_it_answers_whole(subj: Subject) -> None:
-    async def probe(backend: Backend) -> bool:
-        return bool(getattr(backend, "answers_whole", False))
+    """To a client that does not stream; one that streams is streamed to wherever the engine can."""
 
-    assert run(subj, probe) is (not subj.streams)
+    async def probe(backend: Backend) -> tuple[bool, bool]:
+        def whole(request: GenerationRequest) -> bool:
+            return isinstance(backend, WholeAnswers) and backend.answers_whole(request)
+
+        return whole(req(prompt="x")), whole(req(prompt="x", stream=True))
+
+    assert run(subj, probe) == (not subj.streams, not subj.streams_when_asked)
 
 
 def test_request_id_reaches_the_engine(subj: Subject) -> None:
