@@ -73,6 +73,9 @@ class GenerationRequest:
     continue_final: bool = False
     """Chat: the last message is the assistant's and the answer continues it (an Anthropic prefill): the
     template renders that turn open, without its end-of-turn and without a new generation prompt."""
+    stream: bool = False
+    """The client reads the answer as it is generated: an engine that can either answer whole or stream
+    (Triton's ensemble) streams it then."""
     clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
 
     @property
@@ -87,6 +90,15 @@ class Usage:
     cached_tokens: int | None = None
     """Prompt tokens the engine found in its prefix cache, when it says (OpenAI's
     ``usage.prompt_tokens_details.cached_tokens``)."""
+    prompt_estimated: bool = False
+    """``prompt_tokens`` is the adapter's estimate (the engine gave no count): the gateway puts its own
+    count there when the model's tokenizer is at hand."""
+    completion_estimated: bool = False
+    """``completion_tokens`` is the adapter's estimate: the gateway counts the answer's text with the
+    model's tokenizer instead when it has one."""
+    finish_from_count: bool = False
+    """The finish reason was judged from ``completion_tokens`` alone ("length" when it reached
+    ``max_tokens``, else "stop"): a gateway that recounts judges it again from its own count."""
 
     @property
     def total_tokens(self) -> int:
@@ -232,6 +244,15 @@ class Backend(Protocol):
     def models(self) -> list[str]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WholeAnswers(Protocol):
+    """Optional: engines whose answer to some requests arrives whole, in one piece at the end (MII REST
+    always; Triton's ensemble when the client does not stream). The gateway then waits for the whole
+    answer under its answer deadline instead of the first-token one."""
+
+    def answers_whole(self, request: GenerationRequest) -> bool: ...
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ serving the model can honour.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from backends.base import GenerationRequest
 
@@ -54,6 +54,15 @@ KNOWN_EXTRAS = frozenset(
 )  # fmt: skip
 
 
+TokenCounts = Literal["engine", "tokenizer", "estimate"]
+"""Who counts the tokens of an answer (``usage``, and so limits, budgets and spend): ``engine``, the
+engine reports them; where an engine may not (``Usage.prompt_estimated``/``completion_estimated``),
+``tokenizer``, the gateway counts the prompt and the answer's text with the model's tokenizer, or
+``estimate``, the adapter's estimate stands (about four characters a token: the model has no tokenizer
+at hand, ``models[].gguf``). Adapters declare ``engine`` or ``estimate``; the gateway makes ``estimate``
+``tokenizer`` for a model whose tokenizer it has."""
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What one backend honours.
@@ -62,7 +71,10 @@ class Capabilities:
     (a request carrying another one is not sent there). ``native_n``: the engine answers ``n`` > 1
     itself; otherwise the gateway asks it ``n`` times. ``tools_in_prompt``: the engine takes raw text,
     so the gateway renders tools into the prompt with the model's chat template and parses the
-    model's tool calls from its text (needs the model's ``tool_parser``)."""
+    model's tool calls from its text (needs the model's ``tool_parser``); an engine that takes chat
+    but parses no calls (trtllm-serve without ``--tool_parser``) renders them itself, and the gateway
+    parses the calls out of the text all the same. ``token_counts``: who counts an answer's tokens
+    (``TokenCounts``)."""
 
     features: frozenset[str] = frozenset()
     extras: frozenset[str] = frozenset()
@@ -71,6 +83,7 @@ class Capabilities:
     max_top_logprobs: int = 20
     tool_parser: str | None = None
     """How the model writes tool calls in text (set by the gateway from the model entry)."""
+    token_counts: TokenCounts = "engine"
 
     def adjusted(self, enable: frozenset[str] = frozenset(), disable: frozenset[str] = frozenset()) -> Capabilities:
         """Widened by ``enable`` and narrowed by ``disable`` (feature or extra names, as config says)."""

@@ -28,7 +28,10 @@ finish chunk, yielded when the stream ends. Usage is on the stream's last chunk 
 that is the finish chunk of the highest-indexed choice, and it is the whole request's usage (the
 engine's one count over every choice, or the engine's per-choice counts added up); the other choices'
 finish chunks carry none. Stop strings are cut per choice, except when the client asked vLLM's
-``include_stop_str_in_output``: the engine then cuts and keeps the stop in the answer.
+``include_stop_str_in_output``: the engine then cuts and keeps the stop in the answer. An engine with
+its own ``n`` (``capabilities.native_n``) must answer every choice from 0 to ``n`` - 1, each with its
+finish reason: a stream that ends without one is a protocol error, never an answer with a choice
+missing or left open.
 """
 
 from __future__ import annotations
@@ -392,13 +395,18 @@ class OpenAICompatBackend(HttpBackend):
                     break  # nothing more worth reading: closing also stops the engine
         if not states:
             states[0] = _ChoiceState(stop_texts)
+        lost = [i for i in range(expected) if i not in states] + sorted(i for i in states if not 0 <= i < expected)
+        if lost:  # a choice never answered (or one never asked for): the answer is not the one asked
+            what = "never answered" if lost[0] < expected else "never asked for"
+            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: choice {lost[0]} of n={expected} {what}")
         for state in states.values():
             if state.stops.stopped:
                 state.finish = "stop"
             if state.finish is None:
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
-        if usage is None:  # the engine never says: count streamed pieces, estimate the prompt
-            usage = Usage(estimate_tokens(prompt_text(request)), sum(s.pieces for s in states.values()))
+        if usage is None:  # the engine never says: count streamed pieces (one a token), estimate the prompt
+            pieces = sum(s.pieces for s in states.values())
+            usage = Usage(estimate_tokens(prompt_text(request)), pieces, prompt_estimated=True)
         order = sorted(states)
         for index in order:
             state = states[index]

@@ -75,7 +75,12 @@ CHARS_PER_TOKEN = 4
 
 def estimate_tokens(text: str) -> int:
     """Tokens in ``text`` for engines that never say; an estimate, used only where no count exists."""
-    return len(text) // CHARS_PER_TOKEN + 1
+    return estimate_for(len(text))
+
+
+def estimate_for(chars: int) -> int:
+    """``estimate_tokens`` of a text of ``chars`` characters."""
+    return chars // CHARS_PER_TOKEN + 1
 
 
 # Prompts up to this many characters are rendered and tokenized inline: about 0.1 ms of work, less

@@ -477,7 +477,7 @@ class TgiMessagesBackend(_TgiBase, OpenAICompatBackend):
         if finish is None:
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
         if usage is None:
-            usage = Usage(estimate_tokens(prompt_text(request)), pieces)
+            usage = Usage(estimate_tokens(prompt_text(request)), pieces, prompt_estimated=True)
         matched = stops.matched if finish == "stop" else None
         yield Chunk(
             text="" if calls else stops.flush(),

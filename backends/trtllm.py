@@ -10,23 +10,40 @@
   of each response by themselves, so its per-token stream drops every
   word-leading space of a SentencePiece tokenizer ("Machine", "learning") and
   splits multi-byte characters; only text decoded together is exact. Hence
-  ``text_output`` modes: ``whole`` (default: one response with the whole answer,
-  exact on any deployment; the backend ``answers_whole``), ``cumulative`` (the
-  ``tensorrt_llm_bls`` model deployed with ``accumulate_tokens: true``: each
-  response holds the whole text so far, diffed here; exact and streamed) and
-  ``per_token`` (the ensemble's stream as it is, for byte-level tokenizers that
-  keep their spaces). Completion tokens are counted from ``output_log_probs``
-  (one per generated token, asked with ``return_log_probs``); prompt tokens are
-  estimated. The adapter renders chat with the model's template, leaves the
-  prompt out of the output, sends the request id as Triton's ``id`` and cuts
-  stop strings itself (Triton keeps the stop word in its text).
+  ``text_output`` modes: ``whole`` (default: a request whose client does not
+  stream gets one response with the whole answer, exact on any deployment, under
+  the whole-answer deadline; a streamed request gets the ensemble's per-token
+  stream, tokens as they come, exact for tokenizers whose tokens decode alone,
+  as byte-level BPE ones do; a deployment that cannot stream, its tensorrt_llm
+  model not decoupled, refuses that once and is then answered whole),
+  ``cumulative`` (the ``tensorrt_llm_bls`` model deployed with
+  ``accumulate_tokens: true``: each response holds the whole text so far, diffed
+  here; exact and streamed, the choice for SentencePiece tokenizers) and
+  ``per_token`` (the ensemble's stream as it is, for every request). Closing a
+  stream closes its connection, which stops the engine.
+  Token counts, most exact first: the ensemble's ``num_output_tokens`` and
+  ``num_input_tokens`` (asked with ``return_num_output_tokens`` and
+  ``return_num_input_tokens``: 2025+ ensembles; older ones take them as ignored
+  request parameters), then one per ``output_log_probs`` entry (asked with
+  ``return_log_probs``; only where the ensemble outputs them), then, in a
+  stream, one per response. A whole answer with neither, and a prompt without
+  ``num_input_tokens``, are estimates marked as such (``Usage``), which the
+  gateway replaces with its tokenizer's count where it has the model's; the
+  finish reason is "length" when the count reached ``max_tokens`` (judged again
+  by the gateway from its own count when the adapter's was an estimate). The
+  adapter renders chat with the model's template, leaves the prompt out of the
+  output, sends the request id as Triton's ``id`` and cuts stop strings itself
+  (Triton keeps the stop word in its text).
 
 What each carries beyond plain text (``capabilities``):
 
 - trtllm-serve takes OpenAI's fields in OpenAI's form: ``tools`` with ``tool_choice`` "auto"/"none"
-  (answers with ``tool_calls`` and ``finish_reason: "tool_calls"`` only when launched with
-  ``--tool_parser``, e.g. ``qwen3`` for Hermes-style ``<tool_call>`` models: narrow with
-  ``disable: [tools]`` otherwise); ``response_format`` json_object/json_schema (guided decoding: the
+  (the engine renders them with the model's template; it answers with ``tool_calls`` and
+  ``finish_reason: "tool_calls"`` only when launched with ``--tool_parser``, e.g. ``qwen3`` for
+  Hermes-style ``<tool_call>`` models, which the backend setting ``tool_parser`` says. Without it
+  the call markup comes back as text, and the gateway parses it with the model's ``tool_parser``
+  (``tools_in_prompt``), or, for a model without one, declares no ``tools``: such requests are
+  refused naming the field); ``response_format`` json_object/json_schema (guided decoding: the
   server needs ``guided_decoding_backend: xgrammar`` in its ``--extra_llm_api_options``, else it
   answers 400 "Guided decoding is not enabled"); chat ``logprobs``/``top_logprobs`` and completions'
   integer ``logprobs`` (the PyTorch backend, trtllm-serve's default; its lists hold the sampled token
@@ -59,7 +76,7 @@ from backends.capabilities import Capabilities
 from backends.http_base import HttpBackend, HttpSettings
 from backends.openai_compat import OpenAICompatBackend
 from backends.prom_text import Gauge, LoadMap
-from backends.text import StopStrings, estimate_tokens
+from backends.text import StopStrings, estimate_for, estimate_tokens
 
 # Sampling fields trtllm-serve declares beside OpenAI's (its models use extra="forbid").
 TRTLLM_SERVE_EXTRA = frozenset(
@@ -77,6 +94,10 @@ _SERVE_FEATURES = frozenset(
     }
 )  # fmt: skip
 SERVE_CAPABILITIES = Capabilities(features=_SERVE_FEATURES, extras=TRTLLM_SERVE_EXTRA, native_n=True)
+"""Launched with ``--tool_parser``: the engine parses the model's tool calls."""
+SERVE_TEXT_TOOLS = replace(SERVE_CAPABILITIES, tools_in_prompt=True)
+"""trtllm-serve's default, no ``--tool_parser``: it renders the tools into the prompt with the model's
+template and returns the call markup as text, which the gateway parses (the model's ``tool_parser``)."""
 
 SERVE_LOAD = LoadMap(
     running=Gauge(("trtllm_num_requests_running",)),
@@ -102,6 +123,7 @@ TRITON_CAPABILITIES = Capabilities(
     features=frozenset({cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.PENALTIES, cap.SEED}),
     extras=TRITON_EXTRA,
     tools_in_prompt=True,
+    token_counts="estimate",  # ensembles before num_input_tokens/num_output_tokens count no prompt
 )
 """The whole-answer deployment; the streamed ones also give logprobs (``TritonTrtllmBackend``)."""
 TRITON_STREAMED_CAPABILITIES = replace(TRITON_CAPABILITIES, features=TRITON_CAPABILITIES.features | {cap.LOGPROBS})
@@ -114,7 +136,15 @@ class TrtllmServeBackend(OpenAICompatBackend):
     health_path = "/health"
     metrics_path = "/prometheus/metrics"
     load_map = SERVE_LOAD
-    capabilities = SERVE_CAPABILITIES
+    capabilities = SERVE_TEXT_TOOLS
+    """The class says what trtllm-serve's default launch (no ``--tool_parser``) honours."""
+
+    def __init__(self, name: str, model: str, settings: HttpSettings, tool_parser: str | None = None) -> None:
+        super().__init__(name, model, settings)
+        self.tool_parser = tool_parser
+        """The engine's ``--tool_parser`` (backend setting ``tool_parser``); None: the gateway parses calls."""
+        if tool_parser is not None:  # this deployment's, over the class's (the default launch's)
+            self.capabilities = SERVE_CAPABILITIES  # type: ignore[misc]
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)
@@ -147,7 +177,11 @@ def triton_payload(req: GenerationRequest, prompt: str, default_max_tokens: int,
         "max_tokens": req.max_tokens or default_max_tokens,
         "stream": stream,
         "exclude_input_in_output": True,
-        "return_log_probs": True,  # one output_log_probs entry per generated token: the token count
+        # What the engine can say of the tokens: their counts (ensembles since 2025; older ones take these as
+        # request parameters and ignore them) and one output_log_probs entry per generated token.
+        "return_num_input_tokens": True,
+        "return_num_output_tokens": True,
+        "return_log_probs": True,
         "bad_words": "",
         "stop_words": list(req.stop) if req.stop else "",
     }
@@ -239,32 +273,51 @@ class TritonTrtllmBackend(HttpBackend):
         super().__init__(name, model, settings)
         self.triton_model = triton_model
         self.text_output: TextOutput = text_output
-        self.answers_whole = text_output == "whole"
-        """The whole answer arrives at once: the gateway applies a whole-answer deadline, not a first-token one."""
-        if not self.answers_whole:
+        self.decoupled = True
+        """Whether the deployment streams (its tensorrt_llm model in decoupled mode): learnt False from the
+        first streamed request it refuses, after which ``whole`` answers streamed requests whole too."""
+        if text_output != "whole":
             self.capabilities = TRITON_STREAMED_CAPABILITIES
+
+    def answers_whole(self, request: GenerationRequest) -> bool:
+        """``whole`` answers a request whole unless its client streams and the deployment can stream."""
+        return self.text_output == "whole" and not (request.stream and self.decoupled)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         prompt = await self.render_prompt(request)
         mode = self.text_output
+        if mode == "whole" and not self.answers_whole(request):
+            started = False
+            try:
+                async for chunk in self._generate(request, prompt, "per_token"):
+                    started = True
+                    yield chunk
+                return
+            except BackendError as exc:
+                if started or not _refused_streaming(exc):
+                    raise
+                self.decoupled = False  # refused before any response: this deployment answers whole
+        async for chunk in self._generate(request, prompt, mode):
+            yield chunk
+
+    async def _generate(self, request: GenerationRequest, prompt: str, mode: TextOutput) -> AsyncIterator[Chunk]:
         payload = triton_payload(request, prompt, self.settings.default_max_tokens, stream=mode != "whole")
         stops = StopStrings(request.stop)
         cumulative = Cumulative()
         want_logprobs = request.logprobs and mode != "whole"
-        pieces = 0
-        counted: int | None = None  # tokens the engine says it generated (output_log_probs)
+        count = Count()
+        chars = 0  # of the answer kept, for an estimate where the engine counts nothing
         last = ""
         path = f"/v2/models/{self.triton_model}/generate_stream"
         async with self.open_stream(request, path, payload) as response:
             async for doc in self.json_events(request, response):
-                pieces += 1
                 probs = log_probs(doc)
-                if probs is not None:
-                    counted = len(probs) if mode == "whole" else (counted or 0) + len(probs)
+                count.add(doc, probs, whole=mode == "whole")
                 raw = str(doc.get("text_output", ""))
                 if mode == "cumulative":
                     last, raw = raw, cumulative.feed(raw)
                 text = stops.feed(raw)
+                chars += len(text)
                 if stops.stopped:
                     if text:
                         yield Chunk(text=text)
@@ -278,9 +331,55 @@ class TritonTrtllmBackend(HttpBackend):
                 text = stops.feed(cumulative.close(last))
             except ValueError as exc:
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {exc}") from exc
+            chars += len(text)
             if text:
                 yield Chunk(text=text)
         tail = stops.flush()
-        generated = counted if counted is not None else pieces
+        generated = count.output if count.output is not None else estimate_for(chars + len(tail))
+        # Triton names no finish reason: the cap was reached or not. A stop string ends it either way.
         finish = "length" if generated >= payload["max_tokens"] and not stops.stopped else "stop"
-        yield Chunk(text=tail, finish_reason=finish, usage=Usage(estimate_tokens(prompt), generated))
+        estimated = count.output is None
+        usage = Usage(
+            count.input if count.input is not None else estimate_tokens(prompt),
+            generated,
+            prompt_estimated=count.input is None,
+            completion_estimated=estimated,
+            finish_from_count=estimated and not stops.stopped,
+        )
+        yield Chunk(text=tail, finish_reason=finish, usage=usage)
+
+
+def _refused_streaming(exc: BackendError) -> bool:
+    """The deployment cannot stream: its tensorrt_llm model is not in decoupled mode ("Streaming is only
+    supported in decoupled mode", refused before any response)."""
+    return exc.kind in (ErrorKind.BAD_REQUEST, ErrorKind.UPSTREAM) and "decoupled" in exc.detail
+
+
+class Count:
+    """The tokens an answer's responses say they carry, most exact source first: ``num_output_tokens``
+    (ensembles that take ``return_num_output_tokens``), then one per ``output_log_probs`` entry, then (a
+    stream, which sends one response per token) one per response; a whole answer without either is not
+    counted (None). ``input``: the ensemble's ``num_input_tokens`` where it gives one."""
+
+    def __init__(self) -> None:
+        self.output: int | None = None
+        self.input: int | None = None
+
+    def add(self, doc: dict[str, Any], probs: list[float] | None, whole: bool) -> None:
+        counted = _first_int(doc.get("num_output_tokens"))
+        if counted is None and probs is not None:
+            counted = len(probs)
+        if counted is None and not whole:
+            counted = 1
+        if counted is not None:
+            self.output = counted if whole else (self.output or 0) + counted
+        prompt = _first_int(doc.get("num_input_tokens"))
+        if prompt is not None:
+            self.input = prompt
+
+
+def _first_int(value: Any) -> int | None:
+    """A scalar output as Triton writes it: a number, or a one-element (nested) list."""
+    while isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -47,13 +47,11 @@ def _explain(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     from gateway.fleet.catalog import capabilities
-    from gateway.fleet.engines import declared_capabilities
+    from gateway.fleet.engines import configured_capabilities
 
     snapshot = FleetSnapshot(
         tuple(
-            BackendState(
-                profile(b, loaded, caps=capabilities(declared_capabilities(b.engine), b, loaded.model(b.model)))
-            )
+            BackendState(profile(b, loaded, caps=capabilities(configured_capabilities(b), b, loaded.model(b.model))))
             for b in loaded.config.backends
         ),
         model_specs(loaded),

@@ -255,15 +255,21 @@ class VLLMConfig(_HttpEngine):
 
 class TrtllmServeConfig(_HttpEngine):
     engine: Literal["trtllm_serve"]
+    tool_parser: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = None
+    """The server's ``--tool_parser`` (e.g. ``qwen3``), when it was launched with one: it then answers
+    with ``tool_calls``. Without it the call markup comes back as text and the gateway parses it with
+    the model's ``tool_parser`` (a model without one is served no ``tools``)."""
 
 
 class TritonTrtllmConfig(_HttpEngine):
     engine: Literal["triton_trtllm"]
     triton_model: str = "ensemble"
     text_output: Literal["whole", "cumulative", "per_token"] = "whole"
-    """How the model streams text: ``whole`` (the ensemble, not streamed: exact), ``cumulative``
+    """How the model streams text: ``whole`` (the ensemble: answers not streamed to the client come
+    whole and exact; streamed ones come from the ensemble's per-token stream, each token decoded alone,
+    which loses SentencePiece word spaces, or whole where the deployment cannot stream), ``cumulative``
     (``tensorrt_llm_bls`` with ``accumulate_tokens: true``: streamed and exact) or ``per_token`` (the
-    ensemble streamed: each token decoded alone, which loses SentencePiece word spaces)."""
+    ensemble streamed for every request)."""
 
 
 class TgiConfig(_HttpEngine):
@@ -277,6 +283,10 @@ class TgiMessagesConfig(_HttpEngine):
 class MiiRestConfig(_HttpEngine):
     engine: Literal["mii_rest"]
     deployment: Name
+    stop_round_tokens: int = Field(default=16, ge=0)
+    """A request with stop strings is generated in rounds of this many tokens, then twice as many each
+    round, so the engine stops soon after a stop string (MII's REST API has no usable ``stop`` and no
+    stream); 0: one request, the engine generating to its end while the gateway cuts the text."""
 
 
 class MiiOpenAIConfig(_HttpEngine):

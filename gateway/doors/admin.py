@@ -198,9 +198,12 @@ def routes(state: AppState) -> list[Route]:
         )  # fmt: skip
 
     async def fleet(request: Request) -> Response:
+        entries = state.fleet.entries
         doc = {
             b.name: {
                 "engine": b.profile.engine,
+                # who counts its answers' tokens: the engine, the gateway's tokenizer, or an estimate
+                "token_counts": entries[b.name].capabilities.token_counts if b.name in entries else None,
                 "healthy": b.healthy,
                 "running": b.running,
                 "waiting": b.waiting,

@@ -262,6 +262,7 @@ class ReloadResult(_Doc):
 
 class BackendState(_Doc):
     engine: str
+    token_counts: Literal["engine", "tokenizer", "estimate"] | None
     healthy: bool
     running: int
     waiting: int

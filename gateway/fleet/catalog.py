@@ -85,6 +85,11 @@ class PromptCounter:
         ids: list[int] = encode(self._tokenizer, text).ids
         return ids
 
+    def count_text(self, text: str) -> int:
+        """Tokens of a text as the model's tokenizer splits it (an answer the engine did not count);
+        blocking, as ``count``."""
+        return len(encode(self._tokenizer, text).ids)
+
     async def measure(self, request: GenerationRequest) -> int | None:
         """The exact count, or None where the estimate must do (``measure_tokens``)."""
         ids = await self.measure_tokens(request)
@@ -141,7 +146,8 @@ FORCED_CALL_PARSERS = ("hermes", "llama3_json")
 def capabilities(base: Capabilities, cfg: BackendConfig, model: ModelConfig) -> Capabilities:
     """What the backend honours: its adapter's declaration, adjusted by the backend's config, and
     limited by the model entry (images only for a model that takes them; tools in the prompt only
-    with the model's tool-call parser)."""
+    with the model's tool-call parser; token counts the engine may not give are the gateway's
+    tokenizer's for a model whose tokenizer it has)."""
     adjust = cfg.capabilities
     caps = base.adjusted(frozenset(adjust.enable), frozenset(adjust.disable))
     features = caps.features
@@ -151,7 +157,10 @@ def capabilities(base: Capabilities, cfg: BackendConfig, model: ModelConfig) -> 
         features -= {TOOLS, TOOL_CHOICE_REQUIRED, PARALLEL_TOOL_CALLS}
     if caps.tools_in_prompt and model.tool_parser not in FORCED_CALL_PARSERS:
         features -= {TOOL_CHOICE_REQUIRED}  # a forced call is a grammar of the model's call format
-    return replace(caps, features=features, tool_parser=model.tool_parser)
+    counts = caps.token_counts
+    if counts != "engine":
+        counts = "tokenizer" if model.gguf is not None else "estimate"
+    return replace(caps, features=features, tool_parser=model.tool_parser, token_counts=counts)
 
 
 def profile(

@@ -14,7 +14,12 @@ from backends.httpclient import tls_context
 from backends.llama_server import LlamaServerBackend
 from backends.openai_compat import OpenAICompatBackend
 from backends.tgi import TgiBackend, TgiMessagesBackend
-from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
+from backends.trtllm import (
+    SERVE_CAPABILITIES,
+    TRITON_STREAMED_CAPABILITIES,
+    TritonTrtllmBackend,
+    TrtllmServeBackend,
+)
 from backends.vllm import VLLMBackend
 from gateway.config import (
     BackendConfig,
@@ -27,6 +32,7 @@ from gateway.config import (
     MiiRestConfig,
     TgiConfig,
     TritonTrtllmConfig,
+    TrtllmServeConfig,
     VLLMConfig,
 )
 
@@ -36,7 +42,7 @@ BackendFactory = Callable[[BackendConfig, LoadedConfig], Backend]
 # Engines whose adapter needs nothing beyond the common HTTP settings.
 _PLAIN_HTTP: dict[str, Callable[[str, str, HttpSettings], Backend]] = {
     "vllm": VLLMBackend,
-    "trtllm_serve": TrtllmServeBackend,
+    "trtllm_serve": TrtllmServeBackend,  # built with its tool_parser in _http_backend
     "tgi": TgiBackend,
     "tgi_messages": TgiMessagesBackend,
     "mii_openai": MiiOpenAIBackend,
@@ -45,7 +51,7 @@ _PLAIN_HTTP: dict[str, Callable[[str, str, HttpSettings], Backend]] = {
 
 
 def declared_capabilities(engine: str) -> Capabilities:
-    """What an engine kind's adapter declares, without starting it (for ``route explain``)."""
+    """What an engine kind's adapter declares for its default deployment, without starting it."""
     from backends.ctranslate2_engine import CTranslate2Backend
     from backends.llamacpp_engine import LlamaCppBackend
 
@@ -64,6 +70,16 @@ def speaks_openai(engine: str) -> bool:
     a body a client sent can reach that engine as it is (``enginegate epp`` forwards nothing else)."""
     adapter = _PLAIN_HTTP.get(engine)
     return isinstance(adapter, type) and issubclass(adapter, OpenAICompatBackend)
+
+
+def configured_capabilities(cfg: BackendConfig) -> Capabilities:
+    """What a backend's adapter declares for the deployment its settings describe, without starting it
+    (for ``route explain``): trtllm-serve's ``tool_parser``, Triton's ``text_output``."""
+    if isinstance(cfg, TrtllmServeConfig) and cfg.tool_parser is not None:
+        return SERVE_CAPABILITIES
+    if isinstance(cfg, TritonTrtllmConfig) and cfg.text_output != "whole":
+        return TRITON_STREAMED_CAPABILITIES
+    return declared_capabilities(cfg.engine)
 
 
 def _http_settings(cfg: HttpEngineConfig, loaded: LoadedConfig) -> HttpSettings:
@@ -115,7 +131,11 @@ def _http_backend(cfg: HttpEngineConfig, loaded: LoadedConfig) -> Backend:
             cfg.name, cfg.model, settings, triton_model=cfg.triton_model, text_output=cfg.text_output
         )
     if isinstance(cfg, MiiRestConfig):
-        return MiiRestBackend(cfg.name, cfg.model, settings, deployment=cfg.deployment)
+        return MiiRestBackend(
+            cfg.name, cfg.model, settings, deployment=cfg.deployment, stop_round_tokens=cfg.stop_round_tokens
+        )
+    if isinstance(cfg, TrtllmServeConfig):
+        return TrtllmServeBackend(cfg.name, cfg.model, settings, tool_parser=cfg.tool_parser)
     return _PLAIN_HTTP[cfg.engine](cfg.name, cfg.model, settings)
 
 

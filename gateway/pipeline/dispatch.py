@@ -9,7 +9,7 @@ included, moves to the next candidate, because nothing has reached the client.
 
 Deadlines per phase: the first token (streaming engines), and the whole answer
 for answers collected before they are sent and for engines that answer at once
-(``answers_whole``, where the first chunk is the whole answer). Connecting,
+(``WholeAnswers``, where the first chunk is the whole answer). Connecting,
 response headers and gaps between bytes are the transport's deadlines.
 
 Every attempt is reported to the ``Tracker`` (the request's lifecycle) as it
@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
 
 log = logging.getLogger("enginegate.dispatch")
 
@@ -189,7 +189,7 @@ async def _attempt(
     """One backend up to its commit point; any failure is reported, closes its stream and raises a
     ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
     backend = target.backend
-    at_once = getattr(backend, "answers_whole", False)
+    at_once = isinstance(backend, WholeAnswers) and backend.answers_whole(request)
     loop = asyncio.get_running_loop()
     now = loop.time()
     answer_at = now + deadlines.answer_s

@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 import orjson
@@ -22,7 +23,7 @@ from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Deadlines
 from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.shaping import default_length, open_answer
+from gateway.pipeline.shaping import Recount, default_length, open_answer
 from gateway.pipeline.surfaces import Answer, Surface, UsageTotal
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
@@ -136,7 +137,7 @@ async def _serve(
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
     asked = surface.asked(data, limits, ex.request_id)
-    gen = asked.gen
+    gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     life.model = gen.model
@@ -194,10 +195,13 @@ async def _serve(
     model_context = spec.context
     prompt_tokens = feats.prompt_tokens
 
+    counter = rt.counters.get(gen.model)
+    recount = Recount(exact, counter.count_text) if counter is not None else None
+
     def open_answer_at(target: dispatch.Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
         entry = cast("Entry", target)
         request = default_length(request, limits.max_tokens, entry.profile.context or model_context, prompt_tokens)
-        return open_answer(entry.backend, entry.capabilities, request)
+        return open_answer(entry.backend, entry.capabilities, request, recount)
 
     try:
         committed = await dispatch.start(

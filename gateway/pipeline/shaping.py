@@ -7,16 +7,31 @@
   distinct seeds when a seed was given, merged into one stream of indexed choices.
 - Tools on engines that take raw text: the adapter renders the tools with the model's chat
   template; the model's tool calls are parsed out of its text here (``backends.tool_calls``).
+- Token counts an engine did not give (``Capabilities.token_counts`` "tokenizer"): where the adapter
+  marks its usage an estimate, the prompt's count is the gateway's own and the answer's text is
+  counted with the model's tokenizer (``Recount``); a finish reason the adapter judged from its
+  estimate is judged again from that count.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from backends.base import Backend, Chunk, GenerationRequest
+from backends.base import Backend, Chunk, GenerationRequest, Usage
 from backends.capabilities import Capabilities
+from backends.text import INLINE_PROMPT_CHARS
+
+
+@dataclass(frozen=True, slots=True)
+class Recount:
+    """The gateway's own token counts, for answers whose engine gave none."""
+
+    prompt_tokens: int | None
+    """The prompt as the model's tokenizer counts it (None: too big to have been counted)."""
+    count_text: Callable[[str], int]
+    """Tokens of a text as the model's tokenizer splits it (blocking CPU work)."""
 
 
 def default_length(request: GenerationRequest, cap: int, context: int, prompt_tokens: int) -> GenerationRequest:
@@ -26,8 +41,13 @@ def default_length(request: GenerationRequest, cap: int, context: int, prompt_to
     return replace(request, max_tokens=max(1, min(cap, context - prompt_tokens)))
 
 
-def open_answer(backend: Backend, caps: Capabilities, request: GenerationRequest) -> AsyncIterator[Chunk]:
-    """The backend's answer to ``request``, shaped to OpenAI's contract (see the module docstring)."""
+def open_answer(
+    backend: Backend, caps: Capabilities, request: GenerationRequest, recount: Recount | None = None
+) -> AsyncIterator[Chunk]:
+    """The backend's answer to ``request``, shaped to OpenAI's contract (see the module docstring).
+    ``recount``: the gateway's counts, for a backend whose ``token_counts`` are the tokenizer's."""
+    if caps.token_counts != "tokenizer":
+        recount = None
     in_text = caps.tools_in_prompt and bool(request.tools)
     if in_text and request.tool_choice == "none":
         request, in_text = replace(request, tools=(), tool_choice=None), False  # no call may come: none offered
@@ -35,13 +55,17 @@ def open_answer(backend: Backend, caps: Capabilities, request: GenerationRequest
         singles = [
             replace(request, n=1, seed=None if request.seed is None else request.seed + i) for i in range(request.n)
         ]
-        streams = [_one(backend, caps, r, in_text) for r in singles]
+        streams = [_one(backend, caps, r, in_text, recount) for r in singles]
         return fan_in(streams)
-    return _one(backend, caps, request, in_text)
+    return _one(backend, caps, request, in_text, recount)
 
 
-def _one(backend: Backend, caps: Capabilities, request: GenerationRequest, in_text: bool) -> AsyncIterator[Chunk]:
+def _one(
+    backend: Backend, caps: Capabilities, request: GenerationRequest, in_text: bool, recount: Recount | None
+) -> AsyncIterator[Chunk]:
     stream = backend.generate(request)
+    if recount is not None:  # on the engine's own text, before any tool call is parsed out of it
+        stream = recounted(stream, recount, request.max_tokens)
     if in_text and caps.tool_parser is not None:
         from backends.tool_calls import with_tool_calls
 
@@ -81,8 +105,51 @@ async def fan_in(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[Chunk]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
-            aclose: Callable[[], object] | None = getattr(stream, "aclose", None)
-            if aclose is not None:
-                result = aclose()
-                if asyncio.iscoroutine(result):
-                    await result
+            await _close(stream)
+
+
+async def _close(stream: AsyncIterator[Chunk]) -> None:
+    """Closes a backend's stream (an async generator): its engine stops at once, not at collection."""
+    aclose: Callable[[], object] | None = getattr(stream, "aclose", None)
+    if aclose is not None:
+        result = aclose()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+async def recounted(stream: AsyncIterator[Chunk], recount: Recount, max_tokens: int | None) -> AsyncIterator[Chunk]:
+    """``stream`` with the usage the adapter marked estimated replaced by the gateway's counts: the
+    prompt's, and the answer's text (every choice of the stream) counted with the model's tokenizer."""
+    texts: dict[int, list[str]] = {}
+    try:
+        async for chunk in stream:
+            if chunk.text:
+                texts.setdefault(chunk.index, []).append(chunk.text)
+            usage = chunk.usage
+            if usage is not None and (usage.prompt_estimated or usage.completion_estimated):
+                answers = ["".join(parts) for parts in texts.values()]
+                counted, finish = await _counted(usage, chunk.finish_reason, answers, recount, max_tokens)
+                chunk = replace(chunk, usage=counted, finish_reason=finish)
+            yield chunk
+    finally:  # closing this closes the backend's stream at once
+        await _close(stream)
+
+
+async def _counted(
+    usage: Usage, finish: str | None, answers: list[str], recount: Recount, max_tokens: int | None
+) -> tuple[Usage, str | None]:
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
+    prompt_estimated, completion_estimated = usage.prompt_estimated, usage.completion_estimated
+    if prompt_estimated and recount.prompt_tokens is not None:
+        prompt, prompt_estimated = recount.prompt_tokens, False
+    if completion_estimated:
+        completion = sum([await _count(recount.count_text, text) for text in answers])
+        completion_estimated = False
+        if usage.finish_from_count and max_tokens is not None and finish in ("stop", "length"):
+            finish = "length" if completion >= max_tokens else "stop"
+    return Usage(prompt, completion, usage.cached_tokens, prompt_estimated, completion_estimated), finish
+
+
+async def _count(count: Callable[[str], int], text: str) -> int:
+    """``count(text)`` inline for a short answer, in a thread for a long one (off the event loop)."""
+    return count(text) if len(text) <= INLINE_PROMPT_CHARS else await asyncio.to_thread(count, text)

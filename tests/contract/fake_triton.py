@@ -58,6 +58,14 @@ test scripts the answer (``TinyEngine.scripted``). ``presence_penalty``, ``frequ
 ``num_return_sequences``, ``embedding_bias_*`` are typed inputs, recorded but not applied (no such sampling in the
 TinyEngine). Guessed: the executor's wording for a missing guided decoding backend or guide.
 
+Deployment switches (create_app's), for the adapter's fallbacks: ``output_log_probs`` False is an ensemble whose
+outputs lack ``output_log_probs`` (no token count from log probabilities); ``token_counts`` True is a 2025+ ensemble
+with the ``return_num_input_tokens``/``return_num_output_tokens`` inputs and the ``num_input_tokens``/
+``num_output_tokens`` outputs (the tensorrt_llm model's count of the prompt, and of the output ids of each response;
+without it those keys are ignored request parameters); ``decoupled`` False is a tensorrt_llm model not in decoupled
+mode: it can answer only whole, and ``stream: true`` fails before any response with 400 "in ensemble '<name>',
+Streaming is only supported if model is deployed using decoupled mode." (wording and status guessed).
+
 Not modelled: a SentencePiece decoder also drops the leading space of the first token of every decode call, so
 a real whole answer asked with exclude_input_in_output starts without it (" ugly." reads "ugly.").
 Guessed: the exact texts of JSON parse errors, tensor type/shape errors and the executor's prompt-length error;
@@ -111,6 +119,9 @@ INPUTS: dict[str, tuple[str, bool, bool]] = {
     "guided_decoding_guide_type": ("BYTES", False, False), "guided_decoding_guide": ("BYTES", False, False),
 }
 # fmt: on
+COUNT_INPUTS = {"return_num_input_tokens": ("BOOL", False, False), "return_num_output_tokens": ("BOOL", False, False)}
+"""Inputs of the 2025+ ensembles (``token_counts``)."""
+NOT_DECOUPLED = "Streaming is only supported if model is deployed using decoupled mode."
 # fmt: off
 COUNTERS = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success"),
@@ -145,6 +156,8 @@ class _Job:
     stops: list[str]
     end_id: int | None
     log_probs: bool = False
+    num_tokens: tuple[bool, bool] = (False, False)
+    """``num_input_tokens`` and ``num_output_tokens`` asked for (``token_counts`` deployments)."""
     fault: str | None = None
     cum_log_prob: float = 0.0
     guide_error: str = ""
@@ -182,9 +195,14 @@ class _Server:
         accumulate_tokens: bool,
         received: list[dict[str, Any]],
         guided_decoding_backend: str | None,
+        output_log_probs: bool = True,
+        token_counts: bool = False,
+        decoupled: bool = True,
     ) -> None:
         self.engine, self.control, self.name, self.received = engine, control, model_name, received
         self.guided_decoding_backend = guided_decoding_backend
+        self.output_log_probs, self.decoupled = output_log_probs, decoupled
+        self.inputs = INPUTS | COUNT_INPUTS if token_counts else INPUTS
         self.accumulate_tokens = accumulate_tokens
         self.executor_ids = self.pending = 0
         self.live: dict[int, _Live] = {}
@@ -229,24 +247,24 @@ class _Server:
             raise TritonError(400, "Expected JSON object for keyword: 'parameters'")
         inputs: dict[str, Any] = {}
         for key, value in [*data.items(), *nested.items()]:
-            if key not in INPUTS:
+            if key not in self.inputs:
                 if not isinstance(value, str | int | float | bool):
                     raise TritonError(
                         400, f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
                     )
                 continue
-            dtype, _, is_list = INPUTS[key]
+            dtype, _, is_list = self.inputs[key]
             values = value if isinstance(value, list) else [value]
             if not is_list and len(values) != 1:
                 raise TritonError(400, f"The schema can not convert input '{key}' to tensor with proper shape")
             if any(not isinstance(v, _KINDS[dtype]) or (dtype != "BOOL" and isinstance(v, bool)) for v in values):
                 raise TritonError(400, f"Unable to parse '{key}': expected {dtype} data")
             inputs[key] = values if is_list else values[0]
-        missing = [name for name, (_, required, _) in INPUTS.items() if required and name not in inputs]
+        missing = [name for name, (_, required, _) in self.inputs.items() if required and name not in inputs]
         if missing:
             raise TritonError(
                 400,
-                f"[request id: {rid or '<id_unknown>'}] expected number of inputs between 2 and {len(INPUTS)} but "
+                f"[request id: {rid or '<id_unknown>'}] expected number of inputs between 2 and {len(self.inputs)} but "
                 f"got {len(inputs)} inputs for model '{self.name}'. Got input(s) {_names(list(inputs))}, but "
                 f"missing required input(s) {_names(missing)}. Please provide all required input(s).",
             )
@@ -261,7 +279,8 @@ class _Server:
         max_tokens = min(inputs["max_tokens"], seq - n)
         job = _Job(
             rid, prompt, n, max_tokens, greedy, temperature, top_p or 1.0, stops, inputs.get("end_id"),
-            bool(inputs.get("return_log_probs", False)),
+            bool(inputs.get("return_log_probs", False)) and self.output_log_probs,
+            (bool(inputs.get("return_num_input_tokens")), bool(inputs.get("return_num_output_tokens"))),
         )  # fmt: skip
         guide = inputs.get("guided_decoding_guide_type")
         if guide is not None:
@@ -352,8 +371,13 @@ class _Server:
         job.cum_log_prob += sum(t.logprob for t in tokens)
         probs = {"cum_log_probs": job.cum_log_prob} if job.log_probs else {}
         fields: dict[str, Any] = {"model_name": model, "model_version": "1"}
+        if job.num_tokens[0]:
+            fields["num_input_tokens"] = [job.prompt_tokens]
+        if job.num_tokens[1]:
+            fields["num_output_tokens"] = [len(tokens)]
         if job.log_probs:
             fields["output_log_probs"] = [t.logprob for t in tokens]
+        fields = dict(sorted(fields.items()))
         fields |= {"sequence_end": False, "sequence_id": 0, "sequence_start": False, "text_output": text}
         return ({"id": job.rid} if job.rid else {}) | probs | fields
 
@@ -375,6 +399,8 @@ class _Server:
         except TritonError as exc:
             return JSONResponse({"error": exc.message}, exc.status)
         per_token = bool(inputs.get("stream", False))
+        if per_token and not self.decoupled:  # the tensorrt_llm model refuses it before any response
+            return JSONResponse({"error": f"in ensemble '{self.name}', {NOT_DECOUPLED}"}, 400)
         prefix = "" if per_token or inputs.get("exclude_input_in_output", False) else job.prompt
         if streaming:
             return await self._stream(request, job, model, per_token, prefix)
@@ -500,13 +526,18 @@ def create_app(
     accumulate_tokens: bool = True,
     received: list[dict[str, Any]] | None = None,
     guided_decoding_backend: str | None = "xgrammar",
+    output_log_probs: bool = True,
+    token_counts: bool = False,
+    decoupled: bool = True,
 ) -> ASGIApp:
     """The fake, serving the ensemble (``model_name``) and ``tensorrt_llm_bls`` (``accumulate_tokens``: its
     config parameter), behind the generic faults of ``control``; each generate body is appended to
-    ``received``; ``guided_decoding_backend`` is the tensorrt_llm model's parameter (None: unset)."""
+    ``received``; ``guided_decoding_backend`` is the tensorrt_llm model's parameter (None: unset);
+    ``output_log_probs``, ``token_counts`` and ``decoupled`` are the deployment switches above."""
     server = _Server(
-        engine, control, model_name, accumulate_tokens, [] if received is None else received, guided_decoding_backend
-    )
+        engine, control, model_name, accumulate_tokens, [] if received is None else received,
+        guided_decoding_backend, output_log_probs, token_counts, decoupled,
+    )  # fmt: skip
     routes = [Route("/v2/health/live", server.live_route), Route("/v2/health/ready", server.ready_route)]
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes.append(Route(f"{base}/ready", server.model_ready, methods=["GET"]))

@@ -29,6 +29,8 @@ FakeControl.fail_next names:
 - "midstream": three tokens, then the engine fails. Streaming: the real server logs and re-raises inside the SSE
   generator, so the connection drops with no error event and no [DONE]; the fake does the same. Non-streaming:
   400 BadRequestError carrying the engine's message.
+- "lost_choice": not a failure trtllm-serve is known for, a test of the adapter's ``n`` check: a streamed
+  request with ``n`` > 1 runs every sequence, but the last choice's chunks never come (nor its finish).
 Also the generic faults of control.py. control.delay_s, and waiting for one of control.max_running slots, are
 spent queued (counted as waiting). healthy False, or loading True (trtllm-serve only opens
 its port once loaded), fails /health; generation is unaffected.
@@ -733,7 +735,8 @@ class _Server:
         jobs = [job] + [replace(job, index=i, rid=self._new_id()) for i in range(1, req.n)]
         outputs = [_Output(self, req, chat, j) for j in jobs]
         if req.stream:
-            return EventStream(self._stream(req, outputs, chat), media_type="text/event-stream")
+            lost = req.n - 1 if fault == "lost_choice" and req.n > 1 else None
+            return EventStream(self._stream(req, outputs, chat, lost), media_type="text/event-stream")
         try:
             done = await unless_disconnected(request, self._collect_all(outputs))
         except EngineFailure as exc:
@@ -762,15 +765,18 @@ class _Server:
                 last = step
         return last
 
-    async def _stream(self, req: Any, outputs: list[_Output], chat: bool) -> AsyncGenerator[str, None]:
-        """The sequences' steps interleaved, one choice per chunk, as the engine's outputs arrive."""
+    async def _stream(
+        self, req: Any, outputs: list[_Output], chat: bool, lost: int | None = None
+    ) -> AsyncGenerator[str, None]:
+        """The sequences' steps interleaved, one choice per chunk, as the engine's outputs arrive (but for
+        the choice ``lost``, whose chunks are dropped)."""
         kind, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
         job = outputs[0].job
         head = {"id": f"{prefix}-{job.rid}", "object": kind, "created": int(time.time()), "model": req.model}
         usage = bool(req.stream_options and req.stream_options.include_usage)
         every = usage and bool(req.stream_options.continuous_usage_stats)
         if chat:
-            for out in outputs:
+            for out in outputs[:lost]:
                 first = head | {"choices": [{"index": out.job.index, "delta": {"role": "assistant"}}]}
                 yield _sse(first | ({"usage": _usage(job.prompt_tokens, 0)} if every else {}), end=" \n\n")
         counts = [0] * len(outputs)
@@ -785,7 +791,7 @@ class _Server:
                     if step is None:
                         continue
                     counts[i] = step.tokens
-                    choice = await outputs[i].piece(step)
+                    choice = None if i == lost else await outputs[i].piece(step)
                     if choice is None:
                         continue
                     chunk = head | {"choices": [choice]}

@@ -45,6 +45,9 @@ class Subject:
     control: FakeControl | None = None
     streams: bool = True
     """False: the engine answers whole (MII REST): one chunk."""
+    streams_when_asked: bool | None = None
+    """Whether a request whose client streams is streamed (default: ``streams``): Triton's ``whole``
+    mode answers others whole and streams those."""
     exact_usage: bool = True
     """False: the engine reports no token counts and the adapter estimates or counts pieces."""
     faults: dict[str, ErrorKind] = field(default_factory=dict)
@@ -56,6 +59,10 @@ class Subject:
     """False: the engine has no way to stop a request (MII REST); only the connection is closed."""
     own_request_id: bool = False
     """The engine takes the request id in a field of its own (Triton's ``id``), recorded by the fake."""
+
+    def __post_init__(self) -> None:
+        if self.streams_when_asked is None:
+            self.streams_when_asked = self.streams
 
     @property
     def fake(self) -> bool:
@@ -160,6 +167,7 @@ def subject(name: str, workdir: Path, real_engine: Callable[[str], str]) -> Iter
                 engine,
                 control,
                 streams=name == "triton_bls",
+                streams_when_asked=True,
                 exact_usage=False,
                 faults=faults,
                 own_request_id=True,

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Tokenizing
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Tokenizing, WholeAnswers
 from backends.capabilities import PREFILL, capabilities_of
 from tests.conftest import GREETING_REPLY, ZEN_CONTINUATION, ZEN_PROMPT
 from tests.contract.control import GENERIC_FAULTS, FakeControl
@@ -61,6 +61,16 @@ def test_chat_greedy_answer(subj: Subject) -> None:
         assert sum(1 for c in chunks if c.text) > 5, "a streaming engine streams"
 
 
+def test_a_streamed_request_streams_with_its_finish_and_usage(subj: Subject) -> None:
+    chunks = run(subj, lambda b: collect(b, req(messages=HELLO, max_tokens=8, stream=True)))
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage is not None
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    if subj.streams_when_asked:
+        assert sum(1 for c in chunks if c.text) > 3, "a request whose client streams is streamed"
+    if subj.exact_usage or subj.streams_when_asked:  # a stream counts its tokens as they come
+        assert chunks[-1].usage.completion_tokens == 8
+
+
 def test_completion_greedy_answer(subj: Subject) -> None:
     chunks = run(subj, lambda b: collect(b, req(prompt=ZEN_PROMPT, max_tokens=40)))
     assert text_of(chunks).startswith(ZEN_CONTINUATION)
@@ -96,9 +106,10 @@ def test_cancellation_reaches_the_engine(subj: Subject) -> None:
     max_tokens = 3000
 
     async def body(backend: Backend) -> float:
-        request = req(prompt="The Zen", max_tokens=max_tokens, extra={"ignore_eos": True})
+        streams = bool(subj.streams_when_asked)  # a client that streams: streamed wherever the engine can
+        request = req(prompt="The Zen", max_tokens=max_tokens, extra={"ignore_eos": True}, stream=streams)
         stream = backend.generate(request)
-        if subj.streams:
+        if streams:
             got = 0
             async for chunk in stream:
                 got += bool(chunk.text)
@@ -195,10 +206,15 @@ def fake_only(subj: Subject) -> FakeControl:
 
 
 def test_backend_says_whether_it_answers_whole(subj: Subject) -> None:
-    async def probe(backend: Backend) -> bool:
-        return bool(getattr(backend, "answers_whole", False))
+    """To a client that does not stream; one that streams is streamed to wherever the engine can."""
 
-    assert run(subj, probe) is (not subj.streams)
+    async def probe(backend: Backend) -> tuple[bool, bool]:
+        def whole(request: GenerationRequest) -> bool:
+            return isinstance(backend, WholeAnswers) and backend.answers_whole(request)
+
+        return whole(req(prompt="x")), whole(req(prompt="x", stream=True))
+
+    assert run(subj, probe) == (not subj.streams, not subj.streams_when_asked)
 
 
 def test_request_id_reaches_the_engine(subj: Subject) -> None:

@@ -53,7 +53,7 @@ limits: {{max_tokens: 64}}
 models:
   - {{name: trt, gguf: "{{GGUF}}"}}
 backends:
-  - {{name: trt, engine: trtllm_serve, url: "{url}", model: trt, served_model: {SERVED}}}
+  - {{name: trt, engine: trtllm_serve, url: "{url}", model: trt, served_model: {SERVED}, tool_parser: qwen3}}
 """,
         )
         with serve_in_thread(create_app(load_config(config))) as base:

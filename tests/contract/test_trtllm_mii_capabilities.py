@@ -112,8 +112,8 @@ def make(kind: str, fakes: dict[str, Fake]) -> Backend:
     def settings(fake: str) -> HttpSettings:
         return HttpSettings(url=fakes[fake].url, served_model=SERVED, default_max_tokens=64)
 
-    if kind == "trtllm_serve":
-        return TrtllmServeBackend("t", SERVED, settings("trtllm_serve"))
+    if kind == "trtllm_serve":  # launched with --tool_parser qwen3, as its backend setting says
+        return TrtllmServeBackend("t", SERVED, settings("trtllm_serve"), tool_parser="qwen3")
     if kind == "trtllm_serve_plain":
         return TrtllmServeBackend("t", SERVED, settings("trtllm_serve_plain"))
     if kind == "triton":
@@ -309,7 +309,8 @@ def test_trtllm_serve_tool_call_comes_back_as_tool_call_pieces(fakes: dict[str, 
 def test_trtllm_serve_without_a_tool_parser_leaves_the_markup_in_the_text(
     fakes: dict[str, Fake], engine: TinyEngine
 ) -> None:
-    """Why the capability needs ``--tool_parser``: a deployment without it must narrow ``tools`` away."""
+    """Why the backend setting ``tool_parser`` mirrors ``--tool_parser``: without it the engine's answer is
+    markup in the text, which the gateway parses itself (``tools_in_prompt``)."""
     chunks, _ = generate("trtllm_serve_plain", fakes, req(messages=PARIS, tools=(WEATHER_TOOL,), max_tokens=200))
     assert "".join(c.text for c in chunks) == HERMES_CALL and not any(c.tool_calls for c in chunks)
     assert chunks[-1].finish_reason == "stop"
@@ -423,7 +424,8 @@ models:
   - {{name: rest, gguf: "{{GGUF}}", tool_parser: hermes}}
   - {{name: mii, gguf: "{{GGUF}}", tool_parser: hermes}}
 backends:
-  - {{name: trt, engine: trtllm_serve, url: "{fakes["trtllm_serve"].url}", model: trt, served_model: {SERVED}}}
+  - {{name: trt, engine: trtllm_serve, url: "{fakes["trtllm_serve"].url}", model: trt, served_model: {SERVED},
+     tool_parser: qwen3}}
   - {{name: triton, engine: triton_trtllm, url: "{fakes["triton"].url}", model: triton}}
   - {{name: bls, engine: triton_trtllm, url: "{fakes["triton"].url}", model: bls, triton_model: tensorrt_llm_bls,
      text_output: cumulative}}

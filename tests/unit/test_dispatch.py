@@ -142,7 +142,8 @@ def test_an_adapter_bug_is_the_gateways_fault_not_the_engines() -> None:
 class WholeAnswerBackend(ScriptedBackend):
     """Answers at once after ``first_delay`` (MII REST): the first chunk is the whole answer."""
 
-    answers_whole = True
+    def answers_whole(self, request: GenerationRequest) -> bool:
+        return True
 
 
 def test_an_engine_that_answers_whole_gets_the_answer_deadline_not_the_first_token_one() -> None:

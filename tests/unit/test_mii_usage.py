@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from backends.base import GenerationRequest
+from dataclasses import replace
+
+from backends.base import GenerationRequest, WholeAnswers
 from backends.deepspeed_mii import MiiRestBackend, kept_tokens, rest_payload
+from backends.http_base import HttpSettings
 
 
 def test_completion_tokens_are_those_of_the_text_kept() -> None:
@@ -18,4 +21,5 @@ def test_completion_tokens_are_those_of_the_text_kept() -> None:
 def test_stop_strings_are_not_sent_and_the_backend_answers_whole() -> None:
     req = GenerationRequest(request_id="r", model="m", prompt="x", stop=("Simple is",))
     assert "stop" not in rest_payload(req, "x", 16)  # a non-token stop would also disable MII's EOS check
-    assert MiiRestBackend.answers_whole is True
+    backend = MiiRestBackend("r", "m", HttpSettings(url="http://127.0.0.1:9", served_model="m"), deployment="d")
+    assert isinstance(backend, WholeAnswers) and backend.answers_whole(replace(req, stream=True))
