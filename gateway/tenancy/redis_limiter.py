@@ -198,7 +198,7 @@ class RedisLimiter:
             (_names(key, ""), [now, _ms(window), member, _ms(at), tokens, _ms(lease_end), 0, 0, 0, 0, 1])
             for key in self.local.key_ids()
             for member, at, tokens, lease_end, window in self.local.entries(key)
-            if member not in self._pending  # those are written with their spend below
+            if not self._is_alone(member)  # those are written with their spend below
         ]
         for i in range(0, len(writes), _CONNECTIONS):
             await asyncio.gather(*(self._push(keys=k, args=a) for k, a in writes[i : i + _CONNECTIONS]))
@@ -211,6 +211,10 @@ class RedisLimiter:
                 await self._settle(keys=_keys(pending.ask), args=[member, settled[0], settled[1]])
             if self._pending.get(member) is pending and pending.settled is settled:  # unchanged meanwhile
                 del self._pending[member]
+
+    def _is_alone(self, member: str) -> bool:
+        pending = self._pending.get(member)
+        return pending is not None and pending.alone
 
     async def _alone(self, pending: _Pending) -> None:
         ask, settled = pending.ask, pending.settled

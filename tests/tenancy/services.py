@@ -64,7 +64,8 @@ class RedisServer:
         """One command through ``redis-cli``; its output."""
         cli = shutil.which("redis-cli")
         assert cli is not None, "redis-cli is not installed (make services)"
-        return subprocess.run([cli, "-p", str(self.port), *args], capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run([cli, "-p", str(self.port), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
