@@ -67,6 +67,10 @@ class Limiter(Protocol):
     async def close(self) -> None: ...
 
 
+_PRUNE_EVERY = 4096
+"""Keys counted for the first time between two sweeps of the empty ones."""
+
+
 class _Counters:
     __slots__ = ("requests", "slots", "tokens", "used", "window")
 
@@ -89,6 +93,7 @@ class LocalLimiter:
         self._spend: dict[tuple[str, str], int] = {}
         self._reserved: dict[str, int] = {}
         """member -> cost reserved here and not settled yet (settlement corrects only what was charged here)."""
+        self._created = 0
 
     def _expire(self, c: _Counters, now: float, window: float) -> None:
         edge = now - window
@@ -108,7 +113,7 @@ class LocalLimiter:
         return self.admit_now(ask, now)
 
     def admit_now(self, ask: Ask, now: float) -> Verdict:
-        c = self._counters(ask)
+        c = self._counters(ask, now)
         window = ask.window_s
         self._expire(c, now, window)
         spend_key = (ask.key, ask.period)
@@ -159,7 +164,7 @@ class LocalLimiter:
         """Count a request admitted elsewhere (by Redis) in this process's windows, unchecked: when Redis
         is unreachable these counters go on from what this replica really admitted, and when it is back
         they are what this replica writes into it (``RedisLimiter``)."""
-        c = self._counters(ask)
+        c = self._counters(ask, now)
         self._expire(c, now, ask.window_s)
         c.requests.append(now)
         c.tokens[ask.member] = (now, ask.tokens)
@@ -167,9 +172,12 @@ class LocalLimiter:
         if ask.concurrency:
             c.slots[ask.member] = now + ask.lease_s
 
-    def _counters(self, ask: Ask) -> _Counters:
+    def _counters(self, ask: Ask, now: float) -> _Counters:
         c = self._keys.get(ask.key)
         if c is None:
+            self._created += 1
+            if self._created % _PRUNE_EVERY == 0:
+                self._prune(now)
             c = self._keys[ask.key] = _Counters()
         c.window = ask.window_s
         return c
@@ -184,6 +192,13 @@ class LocalLimiter:
 
     def key_ids(self) -> list[str]:
         return list(self._keys)
+
+    def _prune(self, now: float) -> None:
+        """Forget the keys with nothing left in their windows (every key a replica ever saw would stay otherwise)."""
+        for key, c in list(self._keys.items()):
+            self._expire(c, now, c.window)
+            if not c.requests and not c.tokens and not c.slots:
+                del self._keys[key]
 
     def forget_spend(self) -> None:
         """Spend counted here starts again from the database's record (Redis counts it meanwhile)."""

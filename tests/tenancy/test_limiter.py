@@ -246,3 +246,14 @@ async def poll(done: Callable[[], bool], timeout: float = 10.0) -> None:
     while not done():
         assert time.monotonic() < deadline, "not done in time"
         await asyncio.sleep(0.05)
+
+
+def test_keys_with_nothing_left_in_their_windows_are_forgotten() -> None:
+    limiter = LocalLimiter()
+    for _ in range(4094):
+        assert limiter.admit_now(ask(key(), rpm=1), 1000.0).admitted
+    busy = key()
+    limiter.record(ask(busy, concurrency=1, lease_s=600.0), 1000.0)  # still running at 1100
+    assert len(limiter.key_ids()) == 4095
+    limiter.admit_now(ask(key(), rpm=1), 1100.0)  # the 4096th key: a sweep first
+    assert sorted(limiter.key_ids())[0] == busy and len(limiter.key_ids()) == 2
