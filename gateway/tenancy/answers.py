@@ -99,6 +99,19 @@ def never_fits(key_id: str, tpm: int, prompt: int, reserved: int) -> ApiError:
     )
 
 
+def over_budget(key_id: str, budget_usd: float, period: str, reserved_nanos: int) -> ApiError:
+    """A request whose reservation (the prompt and its longest answer at the model's prices) is more
+    than the key's whole budget: no wait would admit it."""
+    return ApiError(
+        400,
+        f"The API key {key_id} has a budget of ${budget_usd:g} per {period}; this request reserves"
+        f" ${reserved_nanos / 1e9:.9g} (its prompt and longest answer at the model's prices): set a lower"
+        " max_tokens.",
+        param="max_tokens",
+        code="exceeds_key_budget",
+    )
+
+
 def _rate(ask: Ask, model: str, text: str, kind: str, retry: float) -> ApiError:
     return ApiError(
         429, f"Rate limit reached for {model} with key {ask.key} {text}", type=kind, code="rate_limit_exceeded",

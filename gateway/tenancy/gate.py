@@ -236,6 +236,10 @@ class Tenancy:
         if record.tpm and (tokens > record.tpm or max_out < 1):  # no wait would admit it: a 400, not a 429
             self.metrics.refused("too_large")
             raise answers.never_fits(record.id, record.tpm, prompt, tokens)
+        budget_nanos, cost_nanos = round(record.budget_usd * NANOS_PER_USD), price.nanos(prompt, max_out)
+        if budget_nanos and cost_nanos > budget_nanos:  # more than the whole budget: never admitted either
+            self.metrics.refused("too_large")
+            raise answers.over_budget(record.id, record.budget_usd, record.budget_period, cost_nanos)
         period, ttl, _ = period_of(record.budget_period, now)
         cached = self._cache.get(record.id)
         spent = cached.spent_nanos if cached is not None and cached.period == period else 0
@@ -246,8 +250,8 @@ class Tenancy:
             tpm=record.tpm,
             concurrency=record.concurrency,
             tokens=tokens,
-            budget_nanos=round(record.budget_usd * NANOS_PER_USD),
-            cost_nanos=price.nanos(prompt, max_out),
+            budget_nanos=budget_nanos,
+            cost_nanos=cost_nanos,
             period=period,
             period_ttl_s=ttl,
             spent_nanos=spent,

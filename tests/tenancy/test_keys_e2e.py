@@ -176,3 +176,16 @@ def test_usage_is_recorded_per_key_and_model_and_keys_stay_out_of_logs_and_metri
     log = gateway.log.read_text()
     assert made["id"] in log  # the id names the key in the request log
     assert secret not in log and secret not in metrics
+
+
+def test_a_request_costing_more_than_the_whole_budget_is_a_400_naming_it(
+    gateway: GatewayProcess, config: Path, engine: Engine
+) -> None:
+    key = keys_cli(config, "create", "--budget-usd", "0.05", "--budget-period", "day")["key"]
+    before = engine.stats()["started"]
+    with pytest.raises(openai.BadRequestError) as err:  # 10 prompt tokens at $1000/M, 100 out at $2000/M: $0.21
+        client(gateway, key).chat.completions.create(model="fast", messages=HI, max_tokens=100)
+    assert err.value.code == "exceeds_key_budget" and err.value.param == "max_tokens"
+    assert "$0.05 per day" in err.value.message and "$0.21" in err.value.message
+    assert engine.stats()["started"] == before
+    assert client(gateway, key).chat.completions.create(model="fast", messages=HI, max_tokens=10).usage
