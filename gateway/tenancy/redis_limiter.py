@@ -33,6 +33,8 @@ from gateway.tenancy.redis_scripts import ADMIT, PUSH, SETTLE
 log = logging.getLogger("enginegate.tenancy")
 
 _CONNECTIONS = 32
+_ROUNDS = 8
+"""Write-back rounds in a row (then ``retry_s`` before the next try)."""
 
 
 class LimiterDown(Exception):
@@ -102,6 +104,8 @@ class RedisLimiter:
         """This process's requests (all of them: through Redis or alone) and the fallback's counters."""
         self._pending: dict[str, _Pending] = {}
         self._recovery: asyncio.Task[None] | None = None
+        self._writing: asyncio.Event | None = None
+        """Set while a write-back is under way: admissions wait for it (then Redis, or the fallback)."""
         self._on_fallback = on_fallback
 
     @property
@@ -129,6 +133,8 @@ class RedisLimiter:
     async def admit(self, ask: Ask, now: float) -> Verdict:
         from redis.exceptions import RedisError
 
+        if self._writing is not None:  # Redis is back and being told what it missed: a moment, not a fallback
+            await self._writing.wait()
         if self.down:  # until everything counted alone is written back, Redis's counts are not the whole story
             self._on_fallback("admit")
             return self._fallback(ask, now)
@@ -179,38 +185,54 @@ class RedisLimiter:
 
         while True:
             await asyncio.sleep(self.retry_s)
+            writing = self._writing = asyncio.Event()
             try:
+                # New admissions wait; settlements of requests under way still come in: write those
+                # too until a round ends with nothing new (each round is shorter than the last).
                 await self.write_back()
+                for _ in range(_ROUNDS):
+                    if not self._pending:
+                        break
+                    await self.write_back(window=False)
             except (RedisError, OSError, TimeoutError):
                 self._on_fallback("write_back")
-                continue
-            if not self._pending:  # nothing new came in during the last awaits: Redis decides again
-                self._recovery = None
-                self.local.forget_spend()  # the next outage starts from the database's record again
-                log.warning("redis reachable again; this process's counts written back")
+            else:
+                if not self._pending:  # nothing new came in during the last awaits: Redis decides again
+                    self._recovery = None
+                    self.local.forget_spend()  # the next outage starts from the database's record again
+                    log.warning("redis reachable again; this process's counts written back")
+            finally:
+                self._writing = None
+                writing.set()
+            if self._recovery is None:
                 return
 
-    async def write_back(self) -> None:
-        """Write this process's requests still in the window, the requests it admitted alone and the
-        settlements Redis missed into Redis (each call idempotent: a repeat counts nothing twice)."""
+    async def write_back(self, window: bool = True) -> None:
+        """Write the requests this process admitted alone and the settlements Redis missed into Redis,
+        and (``window``) this process's requests still in the window (each call idempotent: a repeat
+        counts nothing twice)."""
         now = _ms(time.time())
         writes: list[tuple[list[str], list[str | int]]] = [
-            (_names(key, ""), [now, _ms(window), member, _ms(at), tokens, _ms(lease_end), 0, 0, 0, 0, 1])
-            for key in self.local.key_ids()
-            for member, at, tokens, lease_end, window in self.local.entries(key)
+            (_names(key, ""), [now, _ms(span), member, _ms(at), tokens, _ms(lease_end), 0, 0, 0, 0, 1])
+            for key in (self.local.key_ids() if window else ())
+            for member, at, tokens, lease_end, span in self.local.entries(key)
             if not self._is_alone(member)  # those are written with their spend below
         ]
         for i in range(0, len(writes), _CONNECTIONS):
             await asyncio.gather(*(self._push(keys=k, args=a) for k, a in writes[i : i + _CONNECTIONS]))
-        for member, pending in list(self._pending.items()):
-            settled = pending.settled
-            if pending.alone:
-                await self._alone(pending)
-            else:
-                assert settled is not None
-                await self._settle(keys=_keys(pending.ask), args=[member, settled[0], settled[1]])
-            if self._pending.get(member) is pending and pending.settled is settled:  # unchanged meanwhile
-                del self._pending[member]
+        pending = list(self._pending.items())
+        for i in range(0, len(pending), _CONNECTIONS):
+            await asyncio.gather(*(self._write(member, p) for member, p in pending[i : i + _CONNECTIONS]))
+
+    async def _write(self, member: str, pending: _Pending) -> None:
+        settled = pending.settled
+        if pending.alone:
+            await self._alone(pending)
+        else:
+            assert settled is not None
+            await self._settle(keys=_keys(pending.ask), args=[member, settled[0], settled[1]])
+        if self._pending.get(member) is pending and pending.settled is settled:  # unchanged meanwhile
+            del self._pending[member]
 
     def _is_alone(self, member: str) -> bool:
         pending = self._pending.get(member)

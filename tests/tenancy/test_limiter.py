@@ -241,6 +241,37 @@ def test_a_redis_that_restarted_empty_gets_the_windows_back(fresh_redis: RedisSe
     asyncio.run(body())
 
 
+def test_the_write_back_ends_under_steady_traffic_and_misses_nothing(fresh_redis: RedisServer) -> None:
+    """Requests arriving while a replica writes back wait for it instead of adding to what it must write."""
+
+    async def body() -> None:
+        a = RedisLimiter(fresh_redis.url, fail_open=True, timeout_s=0.5, retry_s=0.1)
+        k = key()
+        admitted = 0
+
+        async def client() -> None:
+            nonlocal admitted
+            while True:
+                verdict = await a.admit(ask(k, rpm=1_000_000, concurrency=1000), time.time())
+                admitted += verdict.admitted  # after the await: tasks would overwrite each other's counts
+                await asyncio.sleep(0.001)
+
+        try:
+            fresh_redis.stop()
+            clients = [asyncio.create_task(client()) for _ in range(4)]
+            await poll(lambda: a.down and admitted > 50)
+            fresh_redis.start()
+            await poll(lambda: not a.down)
+            for c in clients:
+                c.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+            assert fresh_redis.call("ZCARD", f"eg:{{{k}}}:req") == str(admitted)
+        finally:
+            await a.close()
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
 async def poll(done: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
