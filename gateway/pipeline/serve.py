@@ -173,6 +173,8 @@ async def _serve(
         context = spec.context if spec is not None else None
         estimated = None if exact is not None else len(gen.messages or ((),))  # messages when counted roughly
         feats = await tenancy.admit(key, feats, life, "x-priority" in headers, limits.max_tokens, context, estimated)
+        if gen.max_tokens is None and feats.max_tokens is not None:  # the key's token limit bounds the answer
+            gen = replace(gen, max_tokens=feats.max_tokens)
     decision = choose(feats, snapshot, rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(gen.model, decision, stream, feats)

@@ -65,19 +65,19 @@ def refused(ask: Ask, verdict: Verdict, model: str) -> ApiError:
     why = verdict.refused
     retry = max(verdict.retry_after_s, 0.001)
     wait = f"Please try again in {duration(retry)}."
-    if why == "quota":
+    if why == "quota":  # the budget comes back when the period ends
         return ApiError(
             429,
-            f"The API key {ask.key} has spent its budget for {ask.period}.",
+            f"The API key {ask.key} has spent its budget for {ask.period}; it renews in {duration(ask.period_left_s)}.",
             type="insufficient_quota",
             code="insufficient_quota",
+            retry_after=max(1.0, ask.period_left_s),
         )
     if why == "requests":
         text = f"on requests per min (RPM): Limit {ask.rpm}, Requested 1. {wait}"
         return _rate(ask, model, text, "requests", retry)
-    if why == "too_large":
-        text = f"on tokens per min (TPM): Limit {ask.tpm}, Requested {ask.tokens}. Lower max_tokens or the prompt."
-        return _rate(ask, model, text, "tokens", None)
+    if why == "too_large":  # the gateway refuses these before asking (never_fits); kept for a direct caller
+        return never_fits(ask.key, ask.tpm, ask.tokens, ask.tokens)
     if why == "tokens":
         text = f"on tokens per min (TPM): Limit {ask.tpm}, Requested {ask.tokens}. {wait}"
         return _rate(ask, model, text, "tokens", retry)
@@ -85,7 +85,34 @@ def refused(ask: Ask, verdict: Verdict, model: str) -> ApiError:
     return _rate(ask, model, text, "requests", retry)
 
 
-def _rate(ask: Ask, model: str, text: str, kind: str, retry: float | None) -> ApiError:
+def never_fits(key_id: str, tpm: int, prompt: int, reserved: int) -> ApiError:
+    """A request that no wait can admit: it reserves more tokens than the key's whole window allows."""
+    room = tpm - prompt
+    advice = f"set max_tokens to at most {room}" if room >= 1 else "shorten the prompt (it alone reserves that much)"
+    param = "max_tokens" if room >= 1 else "messages"
+    return ApiError(
+        400,
+        f"The API key {key_id} allows {tpm} tokens per minute (tpm); this request reserves {reserved}"
+        f" (the prompt's {prompt} and the longest answer): {advice}.",
+        param=param,
+        code="exceeds_key_token_limit",
+    )
+
+
+def over_budget(key_id: str, budget_usd: float, period: str, reserved_nanos: int) -> ApiError:
+    """A request whose reservation (the prompt and its longest answer at the model's prices) is more
+    than the key's whole budget: no wait would admit it."""
+    return ApiError(
+        400,
+        f"The API key {key_id} has a budget of ${budget_usd:g} per {period}; this request reserves"
+        f" ${reserved_nanos / 1e9:.9g} (its prompt and longest answer at the model's prices): set a lower"
+        " max_tokens.",
+        param="max_tokens",
+        code="exceeds_key_budget",
+    )
+
+
+def _rate(ask: Ask, model: str, text: str, kind: str, retry: float) -> ApiError:
     return ApiError(
         429, f"Rate limit reached for {model} with key {ask.key} {text}", type=kind, code="rate_limit_exceeded",
         retry_after=retry,
@@ -108,6 +135,14 @@ STORE_DOWN = ApiError(
     "API keys cannot be checked right now; retry the request.",
     type="api_error",
     code="key_store_unavailable",
+    retry_after=1.0,
+)
+BUDGET_DOWN = ApiError(
+    503,
+    "This API key's budget cannot be checked right now (its store, Redis, is unreachable): no request is"
+    " admitted against it until it is back, so the budget is never overspent; retry the request.",
+    type="api_error",
+    code="budget_store_unavailable",
     retry_after=1.0,
 )
 LIMITER_DOWN = ApiError(

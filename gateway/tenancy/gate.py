@@ -30,10 +30,10 @@ from gateway.tenancy.fairness import FairShare
 from gateway.tenancy.keys import KeyRecord, key_id_of, looks_like_key
 from gateway.tenancy.limiter import NANOS_PER_USD, Ask, Limiter, LocalLimiter, Verdict
 from gateway.tenancy.metrics import TenancyMetrics
-from gateway.tenancy.pricing import FREE, Price, day_of, period_of, usd
+from gateway.tenancy.pricing import FREE, Price, day_of, period_left, period_of, usd
 from gateway.tenancy.redis_limiter import LimiterDown, RedisLimiter
 from gateway.tenancy.settings import AuthConfig, DeclaredKey, RedisConfig
-from gateway.tenancy.store import KeyStore, UsageRow, is_postgres, open_store
+from gateway.tenancy.store import KeyStore, UsageRow, is_postgres, open_store, unavailable
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
@@ -117,12 +117,11 @@ class Tenancy:
         self.limiter: Limiter
         if redis.url:
             self.limiter = RedisLimiter(
-                redis.url, redis.on_error == "open", redis.timeout_s, redis.retry_s, self.metrics.fallback
-            )
+                redis.url, redis.on_error == "open", redis.timeout_s, redis.retry_s, self.metrics.fallback,
+                budget_fail_open=redis.budget_on_error == "open",
+            )  # fmt: skip
         else:
             self.limiter = LocalLimiter()
-        self.local = self.limiter if isinstance(self.limiter, LocalLimiter) else self.limiter.local
-        """The in-process counters (alone, or Redis's fallback): settled at once, without a task."""
         self.store: KeyStore | None = None
         self._cache: dict[str, _Cached] = {}
         self._usage: dict[tuple[str, str, str], list[float]] = {}
@@ -193,7 +192,7 @@ class Tenancy:
             return cached.record
         try:
             return (await self._load(key_id)).record
-        except Exception as exc:  # the database is unreachable (or failing): keys read before still count
+        except unavailable() as exc:  # the database is unreachable: keys read before still count (a bug is a 500)
             log.warning("key store unavailable (%s); %s", type(exc).__name__,
                         "using the key as last read" if cached is not None else "refusing the request")  # fmt: skip
             if cached is None:
@@ -240,11 +239,21 @@ class Tenancy:
         now = time.time()
         price = self.prices.get(model, FREE)
         prompt = features.prompt_tokens if estimated is None else reserved_prompt(features.prompt_tokens, estimated)
+        capped = None
         if features.max_tokens is not None:
             max_out = features.max_tokens
         else:  # the engine stops at its context: prompt and answer together fit in it
             max_out = max(1, min(max_tokens_cap, (context or (prompt + max_tokens_cap)) - prompt))
+            if record.tpm and prompt + max_out > record.tpm:  # what the key's window can hold, and no more
+                max_out = capped = record.tpm - prompt
         tokens = prompt + max_out
+        if record.tpm and (tokens > record.tpm or max_out < 1):  # no wait would admit it: a 400, not a 429
+            self.metrics.refused("too_large")
+            raise answers.never_fits(record.id, record.tpm, prompt, tokens)
+        budget_nanos, cost_nanos = round(record.budget_usd * NANOS_PER_USD), price.nanos(prompt, max_out)
+        if budget_nanos and cost_nanos > budget_nanos:  # more than the whole budget: never admitted either
+            self.metrics.refused("too_large")
+            raise answers.over_budget(record.id, record.budget_usd, record.budget_period, cost_nanos)
         period, ttl, _ = period_of(record.budget_period, now)
         cached = self._cache.get(record.id)
         spent = cached.spent_nanos if cached is not None and cached.period == period else 0
@@ -255,19 +264,20 @@ class Tenancy:
             tpm=record.tpm,
             concurrency=record.concurrency,
             tokens=tokens,
-            budget_nanos=round(record.budget_usd * NANOS_PER_USD),
-            cost_nanos=price.nanos(prompt, max_out),
+            budget_nanos=budget_nanos,
+            cost_nanos=cost_nanos,
             period=period,
             period_ttl_s=ttl,
             spent_nanos=spent,
             window_s=self.auth.window_s,
             lease_s=self.lease_s,
+            period_left_s=period_left(record.budget_period, now),
         )
         try:
             verdict = await self.limiter.admit(ask, now)
-        except LimiterDown:
-            self.metrics.refused("limiter_down")
-            raise answers.LIMITER_DOWN from None
+        except LimiterDown as down:
+            self.metrics.refused("budget_store_down" if down.budget else "limiter_down")
+            raise (answers.BUDGET_DOWN if down.budget else answers.LIMITER_DOWN) from None
         for name, value in answers.headers(ask, verdict):
             life.ex.header(name, value)
         if not verdict.admitted:
@@ -279,7 +289,10 @@ class Tenancy:
         admission = Admission(record, ask, verdict, price, model, priority)
         self.fair.start(priority, record.id, ask.tokens)
         life.on_end = lambda usage, committed: self.ended(admission, usage, committed)
-        return replace(features, priority=priority, key=record.id, team=record.team or None)
+        # A request without max_tokens whose key's token limit is smaller than the default reservation
+        # is answered within what it reserved (finish_reason "length" beyond).
+        max_tokens = capped if capped is not None else features.max_tokens
+        return replace(features, priority=priority, key=record.id, team=record.team or None, max_tokens=max_tokens)
 
     def fair_share(self, features: RequestFeatures, decision: Decision) -> None:
         """After routing: refuse the request of a key past its fair share of its class when the chosen
@@ -303,9 +316,9 @@ class Tenancy:
             prompt, completion, cached = 0, 0, 0
         else:
             tokens = cost = prompt = completion = cached = 0
-        if admission.verdict.local:
-            self.local.settle_now(ask, tokens, cost)
-        else:
+        if isinstance(self.limiter, LocalLimiter):
+            self.limiter.settle_now(ask, tokens, cost)
+        else:  # Redis's limiter settles its own counters at once and Redis's when it can
             task = asyncio.get_running_loop().create_task(self.limiter.settle(ask, tokens, cost))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

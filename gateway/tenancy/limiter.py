@@ -40,13 +40,16 @@ class Ask:
     """The period's spend as the database knows it: the counter starts there when it is new."""
     window_s: float = 60.0
     lease_s: float = 660.0
+    period_left_s: float = 0.0
+    """Seconds until the budget period ends (a spent budget's Retry-After)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     admitted: bool
     refused: str | None = None
-    """``requests``, ``tokens``, ``too_large`` (more tokens than the limit), ``concurrency`` or ``quota``."""
+    """``requests``, ``tokens``, ``too_large`` (more tokens than the limit: the gateway refuses those
+    with a 400 before asking), ``concurrency`` or ``quota``."""
     retry_after_s: float = 0.0
     remaining_requests: int = 0
     remaining_tokens: int = 0
@@ -64,10 +67,15 @@ class Limiter(Protocol):
     async def close(self) -> None: ...
 
 
+_PRUNE_EVERY = 4096
+"""Keys counted for the first time between two sweeps of the empty ones."""
+
+
 class _Counters:
-    __slots__ = ("requests", "slots", "tokens", "used")
+    __slots__ = ("requests", "slots", "tokens", "used", "window")
 
     def __init__(self) -> None:
+        self.window = 60.0
         self.requests: deque[float] = deque()
         self.tokens: OrderedDict[str, tuple[float, int]] = OrderedDict()
         """member -> (admitted at, tokens): in admission order, so expiry pops from the front."""
@@ -83,6 +91,9 @@ class LocalLimiter:
     def __init__(self) -> None:
         self._keys: dict[str, _Counters] = {}
         self._spend: dict[tuple[str, str], int] = {}
+        self._reserved: dict[str, int] = {}
+        """member -> cost reserved here and not settled yet (settlement corrects only what was charged here)."""
+        self._created = 0
 
     def _expire(self, c: _Counters, now: float, window: float) -> None:
         edge = now - window
@@ -102,9 +113,7 @@ class LocalLimiter:
         return self.admit_now(ask, now)
 
     def admit_now(self, ask: Ask, now: float) -> Verdict:
-        c = self._keys.get(ask.key)
-        if c is None:
-            c = self._keys[ask.key] = _Counters()
+        c = self._counters(ask, now)
         window = ask.window_s
         self._expire(c, now, window)
         spend_key = (ask.key, ask.period)
@@ -148,7 +157,52 @@ class LocalLimiter:
         if ask.concurrency:
             c.slots[ask.member] = now + ask.lease_s
         self._spend[spend_key] = spent + ask.cost_nanos
+        self._reserved[ask.member] = ask.cost_nanos
         return verdict(True)
+
+    def record(self, ask: Ask, now: float) -> None:
+        """Count a request admitted elsewhere (by Redis) in this process's windows, unchecked: when Redis
+        is unreachable these counters go on from what this replica really admitted, and when it is back
+        they are what this replica writes into it (``RedisLimiter``)."""
+        c = self._counters(ask, now)
+        self._expire(c, now, ask.window_s)
+        c.requests.append(now)
+        c.tokens[ask.member] = (now, ask.tokens)
+        c.used += ask.tokens
+        if ask.concurrency:
+            c.slots[ask.member] = now + ask.lease_s
+
+    def _counters(self, ask: Ask, now: float) -> _Counters:
+        c = self._keys.get(ask.key)
+        if c is None:
+            self._created += 1
+            if self._created % _PRUNE_EVERY == 0:
+                self._prune(now)
+            c = self._keys[ask.key] = _Counters()
+        c.window = ask.window_s
+        return c
+
+    def entries(self, key: str) -> list[tuple[str, float, int, float, float]]:
+        """This process's requests of ``key`` in its window (as last expired): (member, admitted at,
+        tokens, lease end or 0 once it ended, the window)."""
+        c = self._keys.get(key)
+        if c is None:
+            return []
+        return [(m, at, n, c.slots.get(m, 0.0), c.window) for m, (at, n) in c.tokens.items()]
+
+    def key_ids(self) -> list[str]:
+        return list(self._keys)
+
+    def _prune(self, now: float) -> None:
+        """Forget the keys with nothing left in their windows (every key a replica ever saw would stay otherwise)."""
+        for key, c in list(self._keys.items()):
+            self._expire(c, now, c.window)
+            if not c.requests and not c.tokens and not c.slots:
+                del self._keys[key]
+
+    def forget_spend(self) -> None:
+        """Spend counted here starts again from the database's record (Redis counts it meanwhile)."""
+        self._spend.clear()
 
     async def settle(self, ask: Ask, tokens: int, cost_nanos: int, local: bool = True) -> None:
         self.settle_now(ask, tokens, cost_nanos)
@@ -161,9 +215,10 @@ class LocalLimiter:
             if entry is not None:  # still in the window: the reservation becomes the real count
                 c.tokens[ask.member] = (entry[0], tokens)
                 c.used += tokens - entry[1]
+        reserved = self._reserved.pop(ask.member, None)
         spend_key = (ask.key, ask.period)
-        if spend_key in self._spend:
-            self._spend[spend_key] += cost_nanos - ask.cost_nanos
+        if reserved is not None and spend_key in self._spend:
+            self._spend[spend_key] += cost_nanos - reserved
 
     def spent(self, key: str, period: str) -> int | None:
         return self._spend.get((key, period))

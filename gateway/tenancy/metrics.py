@@ -25,14 +25,14 @@ class TenancyMetrics:
         )  # fmt: skip
         self._refusals = Counter(
             "enginegate_auth_refusals",
-            "Requests refused by tenancy: invalid_key, model_not_allowed, requests, tokens, too_large, concurrency,"
-            " quota, limiter_down.",
+            "Requests refused by tenancy: invalid_key, store_down, model_not_allowed, requests, tokens,"
+            " too_large (400), concurrency, quota, limiter_down, budget_store_down, fair_share.",
             ["reason"], registry=registry,
         )  # fmt: skip
         self._fallbacks = Counter(
             "enginegate_ratelimit_fallbacks",
-            "Limiter calls that could not reach Redis (admitted by this process's counters, or refused when failing"
-            " closed; settle: a settlement lost, its reservation stands).",
+            "Limiter calls made without Redis (admit: decided by this process's counters or refused; settle: kept"
+            " for Redis; write_back: a try to write back what this process counted alone, failed).",
             ["op"], registry=registry,
         )  # fmt: skip
 

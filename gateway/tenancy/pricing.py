@@ -53,3 +53,13 @@ def period_of(kind: str, now: float) -> tuple[str, int, str]:
 
 def day_of(now: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def period_left(kind: str, now: float) -> float:
+    """Seconds from ``now`` until the budget period containing it ends (UTC midnight, or the month's first)."""
+    t = time.gmtime(now)
+    if kind == "day":
+        start = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
+        return start + 86400 - now
+    year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+    return calendar.timegm((year, month, 1, 0, 0, 0)) - now

@@ -1,124 +1,74 @@
 """The limiter's counters in Redis, shared by every replica: one script call admits or refuses a request
-(one round trip, atomic on the server), another settles it.
+(one round trip, atomic on the server), another settles it (``gateway/tenancy/redis_scripts.py``).
 
-Per key ``K`` (hash-tagged, so a Redis Cluster keeps them on one node): ``eg:{K}:req`` (a sorted set of
-admitted requests by time), ``eg:{K}:tok`` with ``eg:{K}:tokn`` and ``eg:{K}:tsum`` (each request's
-tokens by time, and their sum), ``eg:{K}:conc`` (concurrency leases by their end) and
-``eg:{K}:spend:<period>`` (nano-dollars). Timestamps are the replicas' clocks in milliseconds: keep
-them in sync (NTP); a skew of a few milliseconds only shifts the window's edge.
+Per key ``K`` (hash-tagged): ``eg:{K}:req`` (a sorted set of admitted requests by time), ``eg:{K}:tok``
+with ``eg:{K}:tokn`` and ``eg:{K}:tsum`` (each request's tokens by time, and their sum),
+``eg:{K}:conc`` (concurrency leases by their end), ``eg:{K}:spend:<period>`` (nano-dollars) and
+``eg:{K}:res:<period>`` (the reservations not settled yet). Timestamps are the replicas' clocks in
+milliseconds: keep them in sync (NTP); a skew of a few milliseconds only shifts the window's edge.
 
-When Redis cannot be reached the fail mode decides: ``open`` admits with this process's own
-counters (``LocalLimiter``, limits per replica) and tries Redis again after ``retry_s``;
-``closed`` raises ``LimiterDown`` (the gateway answers 503).
+Every request admitted through Redis is also counted in this process (``LocalLimiter.record``). When
+Redis cannot be reached the fail modes decide, per request: a key with a budget follows
+``budget_fail_open`` (default closed: ``LimiterDown``, the gateway answers 503, so no replica spends
+what another might have), the rate limits follow ``fail_open`` (open: this process's counters, which
+already hold what it admitted in the window, decide alone). Settlements that cannot reach Redis and
+requests admitted alone are kept; every ``retry_s`` a background task tries Redis again and, before
+Redis decides again, writes all of them back (``PUSH``, ``SETTLE``: idempotent, so a write that
+timed out but landed is not counted twice), along with this process's requests still in the window
+(which also refills the windows of a Redis that restarted empty).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.tenancy.limiter import Ask, LocalLimiter, Verdict
+from gateway.tenancy.redis_scripts import ADMIT, PUSH, SETTLE
 
 log = logging.getLogger("enginegate.tenancy")
 
-_ADMIT = """
-local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
-local rpm, tpm, climit = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local member, tokens, lease = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local budget, cost, ttl, seed = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
-local edge = now - window
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', edge)
-while true do
-  local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', edge, 'LIMIT', 0, 500)
-  if #old == 0 then break end
-  local amounts = redis.call('HMGET', KEYS[3], unpack(old))
-  local freed = 0
-  for i = 1, #amounts do freed = freed + (tonumber(amounts[i]) or 0) end
-  redis.call('HDEL', KEYS[3], unpack(old))
-  redis.call('ZREM', KEYS[2], unpack(old))
-  redis.call('DECRBY', KEYS[4], freed)
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-local count = redis.call('ZCARD', KEYS[1])
-local used = tonumber(redis.call('GET', KEYS[4]) or '0')
-local spent = redis.call('GET', KEYS[6])
-if not spent then
-  redis.call('SET', KEYS[6], seed, 'EX', ttl)
-  spent = tonumber(seed)
-else
-  spent = tonumber(spent)
-end
-local function newest(key)
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #last == 0 then return 0 end
-  return math.max(0, tonumber(last[2]) + window - now)
-end
-local function refuse(why, retry)
-  local rr = 0
-  if rpm > 0 then rr = math.max(0, rpm - count) end
-  local rt = 0
-  if tpm > 0 then rt = math.max(0, tpm - used) end
-  return {0, why, tostring(retry), rr, rt, tostring(newest(KEYS[1])), tostring(newest(KEYS[2]))}
-end
-if budget > 0 and spent + cost > budget then return refuse('quota', 0) end
-if rpm > 0 and count >= rpm then
-  local at = redis.call('ZRANGE', KEYS[1], count - rpm, count - rpm, 'WITHSCORES')
-  return refuse('requests', tonumber(at[2]) + window - now)
-end
-if tpm > 0 and tokens > tpm then return refuse('too_large', window) end
-if tpm > 0 and used + tokens > tpm then
-  local need = used + tokens - tpm
-  local retry = window
-  local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  for i = 1, #entries, 2 do
-    need = need - (tonumber(redis.call('HGET', KEYS[3], entries[i])) or 0)
-    if need <= 0 then retry = tonumber(entries[i + 1]) + window - now break end
-  end
-  return refuse('tokens', retry)
-end
-if climit > 0 and redis.call('ZCARD', KEYS[5]) >= climit then return refuse('concurrency', 1000) end
-redis.call('ZADD', KEYS[1], now, member)
-redis.call('ZADD', KEYS[2], now, member)
-redis.call('HSET', KEYS[3], member, tokens)
-redis.call('INCRBY', KEYS[4], tokens)
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], math.ceil(window) + 1000) end
-if climit > 0 then
-  redis.call('ZADD', KEYS[5], now + lease, member)
-  redis.call('PEXPIRE', KEYS[5], lease + 1000)
-end
-if cost > 0 then redis.call('INCRBY', KEYS[6], cost) end
-local rr = 0
-if rpm > 0 then rr = math.max(0, rpm - count - 1) end
-local rt = 0
-if tpm > 0 then rt = math.max(0, tpm - used - tokens) end
-return {1, '', '0', rr, rt, tostring(window), tostring(window)}
-"""
-
-_SETTLE = """
-local member, tokens, delta = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-redis.call('ZREM', KEYS[4], member)
-local old = redis.call('HGET', KEYS[2], member)
-if old and redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[2], member, tokens)
-  redis.call('INCRBY', KEYS[3], tokens - tonumber(old))
-end
-if delta ~= 0 and redis.call('EXISTS', KEYS[5]) == 1 then redis.call('INCRBY', KEYS[5], delta) end
-return 1
-"""
-
-
 _CONNECTIONS = 32
+_ROUNDS = 8
+"""Write-back rounds in a row (then ``retry_s`` before the next try)."""
 
 
 class LimiterDown(Exception):
-    """Redis cannot be reached and the fail mode is ``closed``."""
+    """Redis cannot be reached and the fail mode for this request is ``closed``; ``budget``: because of
+    the key's budget."""
+
+    def __init__(self, budget: bool) -> None:
+        super().__init__("budget" if budget else "rate")
+        self.budget = budget
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A request Redis does not know all of yet."""
+
+    ask: Ask
+    alone: bool
+    """Admitted by this process while Redis was away (else only its settlement is missing)."""
+    settled: tuple[int, int] | None = None
+    """(tokens, cost) once it ended."""
 
 
 def _keys(ask: Ask) -> list[str]:
-    base = f"eg:{{{ask.key}}}"
-    return [f"{base}:req", f"{base}:tok", f"{base}:tokn", f"{base}:tsum", f"{base}:conc", f"{base}:spend:{ask.period}"]
+    return _names(ask.key, ask.period)
+
+
+def _names(key: str, period: str) -> list[str]:
+    base = f"eg:{{{key}}}"
+    return [f"{base}:req", f"{base}:tok", f"{base}:tokn", f"{base}:tsum", f"{base}:conc",
+            f"{base}:spend:{period}", f"{base}:res:{period}"]  # fmt: skip
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 class RedisLimiter:
@@ -129,6 +79,7 @@ class RedisLimiter:
         timeout_s: float,
         retry_s: float,
         on_fallback: Callable[[str], None] = lambda _: None,
+        budget_fail_open: bool = False,
     ) -> None:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
@@ -143,48 +94,61 @@ class RedisLimiter:
             socket_connect_timeout=timeout_s, retry=once,
         )  # fmt: skip
         self._redis: Any = aioredis.Redis(connection_pool=pool, retry=once)
-        self._admit = self._redis.register_script(_ADMIT)
-        self._settle = self._redis.register_script(_SETTLE)
+        self._admit = self._redis.register_script(ADMIT)
+        self._settle = self._redis.register_script(SETTLE)
+        self._push = self._redis.register_script(PUSH)
         self.fail_open = fail_open
+        self.budget_fail_open = budget_fail_open
         self.retry_s = retry_s
         self.local = LocalLimiter()
-        """The fallback's counters (fail open), and where requests it admitted are settled."""
-        self._down_until = 0.0
+        """This process's requests (all of them: through Redis or alone) and the fallback's counters."""
+        self._pending: dict[str, _Pending] = {}
+        self._recovery: asyncio.Task[None] | None = None
+        self._writing: asyncio.Event | None = None
+        """Set while a write-back is under way: admissions wait for it (then Redis, or the fallback)."""
         self._on_fallback = on_fallback
 
+    @property
+    def down(self) -> bool:
+        return self._recovery is not None
+
     def _failed(self, exc: BaseException, what: str) -> None:
-        first = self._down_until == 0.0
-        self._down_until = time.monotonic() + self.retry_s
-        if first:
-            log.warning("redis unreachable (%s: %s); %s", what, type(exc).__name__,
-                        "using this process's counters" if self.fail_open else "refusing requests")  # fmt: skip
+        if self._recovery is None:
+            log.warning("redis unreachable (%s: %s); budgets %s, rate limits %s", what, type(exc).__name__,
+                        "on this process's counters" if self.budget_fail_open else "refused",
+                        "on this process's counters" if self.fail_open else "refused")  # fmt: skip
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
         self._on_fallback(what)
 
     def _fallback(self, ask: Ask, now: float) -> Verdict:
+        if ask.budget_nanos and not self.budget_fail_open:
+            raise LimiterDown(budget=True)
         if not self.fail_open:
-            raise LimiterDown
-        return self.local.admit_now(ask, now)
+            raise LimiterDown(budget=False)
+        verdict = self.local.admit_now(ask, now)
+        if verdict.admitted:
+            self._pending[ask.member] = _Pending(ask, alone=True)
+        return verdict
 
     async def admit(self, ask: Ask, now: float) -> Verdict:
         from redis.exceptions import RedisError
 
-        if self._down_until and time.monotonic() < self._down_until:
+        if self._writing is not None:  # Redis is back and being told what it missed: a moment, not a fallback
+            await self._writing.wait()
+        if self.down:  # until everything counted alone is written back, Redis's counts are not the whole story
             self._on_fallback("admit")
             return self._fallback(ask, now)
         args: list[str | int] = [
-            round(now * 1000), round(ask.window_s * 1000), ask.rpm, ask.tpm, ask.concurrency, ask.member, ask.tokens,
-            round(ask.lease_s * 1000), ask.budget_nanos, ask.cost_nanos, ask.period_ttl_s, ask.spent_nanos,
+            _ms(now), _ms(ask.window_s), ask.rpm, ask.tpm, ask.concurrency, ask.member, ask.tokens,
+            _ms(ask.lease_s), ask.budget_nanos, ask.cost_nanos, ask.period_ttl_s, ask.spent_nanos,
         ]  # fmt: skip
         try:
             r = await self._admit(keys=_keys(ask), args=args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc, "admit")
             return self._fallback(ask, now)
-        if self._down_until:
-            log.warning("redis reachable again")
-            self._down_until = 0.0
         refused = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
-        return Verdict(
+        verdict = Verdict(
             admitted=int(r[0]) == 1,
             refused=refused or None,
             retry_after_s=float(r[2]) / 1000,
@@ -194,20 +158,98 @@ class RedisLimiter:
             reset_tokens_s=float(r[6]) / 1000,
             local=False,
         )
+        if verdict.admitted:
+            self.local.record(ask, now)
+        return verdict
 
     async def settle(self, ask: Ask, tokens: int, cost_nanos: int, local: bool = False) -> None:
         from redis.exceptions import RedisError
 
-        if local:
-            self.local.settle_now(ask, tokens, cost_nanos)
+        self.local.settle_now(ask, tokens, cost_nanos)
+        pending = self._pending.get(ask.member)
+        if pending is not None:  # written back with its real use
+            pending.settled = (tokens, cost_nanos)
             return
-        keys = _keys(ask)
+        if self.down:
+            self._pending[ask.member] = _Pending(ask, alone=False, settled=(tokens, cost_nanos))
+            return
         try:
-            await self._settle(keys=[keys[1], keys[2], keys[3], keys[4], keys[5]],
-                               args=[ask.member, tokens, cost_nanos - ask.cost_nanos])  # fmt: skip
+            await self._settle(keys=_keys(ask), args=[ask.member, tokens, cost_nanos])
         except (RedisError, OSError, TimeoutError) as exc:
-            # The reservation stays (never less than the real use) and the slot's lease ends it.
+            # Kept and written back with the rest; meanwhile the reservation stands (never less than the real use).
+            self._pending[ask.member] = _Pending(ask, alone=False, settled=(tokens, cost_nanos))
             self._failed(exc, "settle")
 
+    async def _recover(self) -> None:
+        from redis.exceptions import RedisError
+
+        while True:
+            await asyncio.sleep(self.retry_s)
+            writing = self._writing = asyncio.Event()
+            try:
+                # New admissions wait; settlements of requests under way still come in: write those
+                # too until a round ends with nothing new (each round is shorter than the last).
+                await self.write_back()
+                for _ in range(_ROUNDS):
+                    if not self._pending:
+                        break
+                    await self.write_back(window=False)
+            except (RedisError, OSError, TimeoutError):
+                self._on_fallback("write_back")
+            else:
+                if not self._pending:  # nothing new came in during the last awaits: Redis decides again
+                    self._recovery = None
+                    self.local.forget_spend()  # the next outage starts from the database's record again
+                    log.warning("redis reachable again; this process's counts written back")
+            finally:
+                self._writing = None
+                writing.set()
+            if self._recovery is None:
+                return
+
+    async def write_back(self, window: bool = True) -> None:
+        """Write the requests this process admitted alone and the settlements Redis missed into Redis,
+        and (``window``) this process's requests still in the window (each call idempotent: a repeat
+        counts nothing twice)."""
+        now = _ms(time.time())
+        writes: list[tuple[list[str], list[str | int]]] = [
+            (_names(key, ""), [now, _ms(span), member, _ms(at), tokens, _ms(lease_end), 0, 0, 0, 0, 1])
+            for key in (self.local.key_ids() if window else ())
+            for member, at, tokens, lease_end, span in self.local.entries(key)
+            if not self._is_alone(member)  # those are written with their spend below
+        ]
+        for i in range(0, len(writes), _CONNECTIONS):
+            await asyncio.gather(*(self._push(keys=k, args=a) for k, a in writes[i : i + _CONNECTIONS]))
+        pending = list(self._pending.items())
+        for i in range(0, len(pending), _CONNECTIONS):
+            await asyncio.gather(*(self._write(member, p) for member, p in pending[i : i + _CONNECTIONS]))
+
+    async def _write(self, member: str, pending: _Pending) -> None:
+        settled = pending.settled
+        if pending.alone:
+            await self._alone(pending)
+        else:
+            assert settled is not None
+            await self._settle(keys=_keys(pending.ask), args=[member, settled[0], settled[1]])
+        if self._pending.get(member) is pending and pending.settled is settled:  # unchanged meanwhile
+            del self._pending[member]
+
+    def _is_alone(self, member: str) -> bool:
+        pending = self._pending.get(member)
+        return pending is not None and pending.alone
+
+    async def _alone(self, pending: _Pending) -> None:
+        ask, settled = pending.ask, pending.settled
+        tokens, cost = settled if settled is not None else (ask.tokens, ask.cost_nanos)
+        entry = next((e for e in self.local.entries(ask.key) if e[0] == ask.member), None)
+        at, lease_end = (entry[1], entry[3]) if entry is not None else (0.0, 0.0)
+        args: list[str | int] = [
+            _ms(time.time()), _ms(ask.window_s), ask.member, _ms(at), tokens, _ms(lease_end), 1, cost,
+            1 if settled is None else 0, ask.spent_nanos, ask.period_ttl_s,
+        ]  # fmt: skip
+        await self._push(keys=_keys(ask), args=args)
+
     async def close(self) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
         await self._redis.aclose()

@@ -81,8 +81,15 @@ class RedisConfig(Frozen):
     """``redis://host:port/db``: limits and spend exact across every replica sharing it. Without it
     the same limits hold in each process."""
     on_error: Literal["open", "closed"] = "open"
-    """Redis unreachable: ``open`` keeps serving with this process's own counters (limits then hold
-    per replica, not across them; a warning is logged and counted), ``closed`` answers 503."""
+    """Redis unreachable, for the rate limits (``rpm``, ``tpm``, ``concurrency``): ``open`` keeps
+    serving with this process's own counters (a limit then holds per replica: each counts what it
+    admitted itself in the window, through Redis or not; a warning is logged and counted), ``closed``
+    answers 503. What a replica admitted alone is written into Redis when it is back."""
+    budget_on_error: Literal["open", "closed"] = "closed"
+    """Redis unreachable, for keys with a dollar budget: ``closed`` (the default) answers 503
+    ``budget_store_unavailable``, so spend never exceeds a budget; ``open`` lets each replica spend
+    on its own counter (the budget then holds per replica, so a key may overspend up to the replicas'
+    count times its budget), charged to Redis when it is back."""
     timeout_s: float = Field(default=1.0, gt=0, le=10)
     """Longest wait for one Redis call (connecting included) before the fail mode applies."""
     retry_s: float = Field(default=1.0, gt=0, le=60)

@@ -217,3 +217,14 @@ async def open_store(dsn: str, base: Path) -> KeyStore:
 def _sqlite(dsn: str, base: Path) -> SqliteStore:
     path = Path(dsn).expanduser()
     return SqliteStore(path if path.is_absolute() else base / path)
+
+
+def unavailable() -> tuple[type[BaseException], ...]:
+    """The errors that mean the store cannot be reached or is busy right now (anything else is a bug)."""
+    errors: tuple[type[BaseException], ...] = (OSError, TimeoutError, sqlite3.OperationalError)
+    try:
+        import asyncpg
+    except ImportError:
+        return errors
+    return (*errors, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
+            asyncpg.TooManyConnectionsError)  # fmt: skip

@@ -39,3 +39,11 @@ def fresh_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path)
     yield server
     server.stop()
+
+
+@pytest.fixture()
+def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own that keeps its data across a stop and a start."""
+    server = RedisServer(tmp_path, persistent=True)
+    yield server
+    server.stop()

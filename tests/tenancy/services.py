@@ -25,7 +25,10 @@ PG_BIN = _pg_bin()
 
 
 class RedisServer:
-    def __init__(self, directory: Path) -> None:
+    """``persistent``: every write is in the append-only file before it is acknowledged, so a stop and a
+    start keep the data (else a restart starts empty)."""
+
+    def __init__(self, directory: Path, persistent: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (make services)")
@@ -33,10 +36,12 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._binary = binary
+        self.persistent = persistent
         self.start()
 
     def start(self) -> None:
-        args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        durable = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *durable,
                 "--dir", str(self.directory)]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(self.ping, timeout=20, interval=0.05, message="redis-server did not start within 20s")
@@ -54,6 +59,13 @@ class RedisServer:
                 return False
         done = subprocess.run([cli, "-p", str(self.port), "ping"], capture_output=True, text=True)
         return done.stdout.strip() == "PONG"
+
+    def call(self, *args: str) -> str:
+        """One command through ``redis-cli``; its output."""
+        cli = shutil.which("redis-cli")
+        assert cli is not None, "redis-cli is not installed (make services)"
+        done = subprocess.run([cli, "-p", str(self.port), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -103,3 +103,39 @@ def test_keys_read_before_keep_working_while_the_database_is_down(tmp_path: Path
 
     still, status = asyncio.run(go())
     assert isinstance(still, KeyRecord) and status == 503
+
+
+class _FailingStore:
+    """A key store whose lookups raise ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        raise self.error
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("error", [ConnectionRefusedError(111, "refused"), TimeoutError()])
+def test_an_unreachable_key_store_is_a_503(tmp_path: Path, error: BaseException) -> None:
+    assert lookup_with(_FailingStore(error), tmp_path) == 503
+
+
+def test_a_bug_in_the_key_lookup_is_not_mistaken_for_an_unreachable_store(tmp_path: Path) -> None:
+    """It propagates (the app logs its traceback and answers 500) instead of reading as "store unavailable"."""
+    with pytest.raises(KeyError):
+        lookup_with(_FailingStore(KeyError("models")), tmp_path)
+
+
+def lookup_with(store: _FailingStore, base: Path) -> KeyRecord | int | None:
+    async def go() -> KeyRecord | int | None:
+        tenancy = Tenancy(AuthConfig(required=True), RedisConfig(), base, {}, 60.0, CollectorRegistry())
+        tenancy.store = store  # type: ignore[assignment]
+        try:
+            return await tenancy.authenticate(f"Bearer {new_token()[1]}")
+        except ApiError as exc:
+            return exc.status
+
+    return asyncio.run(go())

@@ -86,15 +86,33 @@ def test_rate_limited_requests_get_openais_429_and_headers(gateway: GatewayProce
     assert headers["x-ratelimit-remaining-requests"] == "0"
 
 
-def test_a_request_over_the_token_limit_is_refused_before_it_reaches_an_engine(
+def test_a_request_that_can_never_fit_the_token_limit_is_a_400_naming_it_before_any_engine(
     gateway: GatewayProcess, config: Path, engine: Engine
 ) -> None:
     key = keys_cli(config, "create", "--tpm", "100")["key"]
     before = engine.stats()["started"]
-    with pytest.raises(openai.RateLimitError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         client(gateway, key).chat.completions.create(model="fast", messages=HI, max_tokens=200)
-    assert err.value.type == "tokens"
+    assert err.value.code == "exceeds_key_token_limit" and err.value.param == "max_tokens"
+    # "hi" is estimated (no tokenizer for this model) and reserved as 10 tokens: 90 are left for the answer.
+    assert "allows 100 tokens per minute" in err.value.message and "at most 90" in err.value.message
     assert engine.stats()["started"] == before
+
+
+def test_without_max_tokens_a_small_token_limit_caps_the_reservation_and_the_answer(
+    gateway: GatewayProcess, config: Path, engine: Engine
+) -> None:
+    key = keys_cli(config, "create", "--tpm", "40")["key"]
+    c = client(gateway, key)
+    raw = c.chat.completions.with_raw_response.create(model="fast", messages=HI)  # default reservation: 4096
+    answer = raw.parse()
+    assert raw.headers["x-ratelimit-remaining-tokens"] == "0"  # the whole window reserved, no more
+    assert answer.usage is not None and answer.usage.completion_tokens == 30  # 40 minus the prompt's 10
+    assert answer.choices[0].finish_reason == "length"
+    # The window is full until the first settles with its real use (38): then the next waits, with Retry-After.
+    with pytest.raises(openai.RateLimitError) as err:
+        c.chat.completions.create(model="fast", messages=HI)
+    assert int(err.value.response.headers["retry-after"]) >= 1
 
 
 def test_without_max_tokens_the_reservation_is_the_gateways_cap_within_the_context(
@@ -162,3 +180,16 @@ def test_usage_is_recorded_per_key_and_model_and_keys_stay_out_of_logs_and_metri
     log = gateway.log.read_text()
     assert made["id"] in log  # the id names the key in the request log
     assert secret not in log and secret not in metrics
+
+
+def test_a_request_costing_more_than_the_whole_budget_is_a_400_naming_it(
+    gateway: GatewayProcess, config: Path, engine: Engine
+) -> None:
+    key = keys_cli(config, "create", "--budget-usd", "0.05", "--budget-period", "day")["key"]
+    before = engine.stats()["started"]
+    with pytest.raises(openai.BadRequestError) as err:  # 10 prompt tokens at $1000/M, 100 out at $2000/M: $0.21
+        client(gateway, key).chat.completions.create(model="fast", messages=HI, max_tokens=100)
+    assert err.value.code == "exceeds_key_budget" and err.value.param == "max_tokens"
+    assert "$0.05 per day" in err.value.message and "$0.21" in err.value.message
+    assert engine.stats()["started"] == before
+    assert client(gateway, key).chat.completions.create(model="fast", messages=HI, max_tokens=10).usage

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -156,7 +157,9 @@ def test_two_clients_of_one_redis_share_the_counters(redis_server: RedisServer) 
     asyncio.run(body())
 
 
-def test_redis_down_fails_open_on_local_counters_or_closed(fresh_redis: RedisServer) -> None:
+def test_redis_down_fails_open_for_rates_on_what_this_replica_counted_and_closed_for_budgets(
+    fresh_redis: RedisServer,
+) -> None:
     async def body() -> None:
         opened = RedisLimiter(fresh_redis.url, fail_open=True, timeout_s=0.5, retry_s=60.0)
         closed = RedisLimiter(fresh_redis.url, fail_open=False, timeout_s=0.5, retry_s=60.0)
@@ -164,13 +167,124 @@ def test_redis_down_fails_open_on_local_counters_or_closed(fresh_redis: RedisSer
         try:
             assert not (await opened.admit(ask(k, rpm=2), 1000.0)).local
             fresh_redis.stop()
-            verdicts = [await opened.admit(ask(k, rpm=2), 1000.0) for _ in range(3)]
-            # The fallback counts on its own: two more in this process, then refused.
-            assert [(v.admitted, v.local) for v in verdicts] == [(True, True), (True, True), (False, True)]
-            with pytest.raises(LimiterDown):
+            verdicts = [await opened.admit(ask(k, rpm=2), 1000.0) for _ in range(2)]
+            # This process's counters hold the request Redis admitted: one more, then refused.
+            assert [(v.admitted, v.local) for v in verdicts] == [(True, True), (False, True)]
+            with pytest.raises(LimiterDown) as down:  # a budget is never spent on one replica's word
+                await opened.admit(ask(key(), budget_nanos=1000, cost_nanos=10), 1000.0)
+            assert down.value.budget
+            with pytest.raises(LimiterDown) as down:
                 await closed.admit(ask(k, rpm=2), 1000.0)
+            assert not down.value.budget
         finally:
             await opened.close()
             await closed.close()
 
     asyncio.run(body())
+
+
+def test_what_a_replica_counted_while_redis_was_away_is_written_back_once(durable_redis: RedisServer) -> None:
+    """Redis stopped and started (its data kept): requests admitted alone, their spend (budgets failing
+    open here) and a settlement Redis missed all reach it when it is back, and writing them again
+    changes nothing."""
+
+    async def body() -> None:
+        now = time.time()
+        a = RedisLimiter(durable_redis.url, fail_open=True, timeout_s=0.5, retry_s=0.1, budget_fail_open=True)
+        b = RedisLimiter(durable_redis.url, fail_open=True, timeout_s=0.5, retry_s=0.1)
+        k = key()
+        spend = f"eg:{{{k}}}:spend:2026-12"
+        try:
+            first = ask(k, rpm=4, tokens=50, budget_nanos=10_000, cost_nanos=300)
+            assert (await a.admit(first, now)).admitted  # through Redis
+            durable_redis.stop()
+            await a.settle(first, 20, 100)  # Redis misses it: kept
+            alone = [ask(k, rpm=4, tokens=50, budget_nanos=10_000, cost_nanos=300) for _ in range(4)]
+            verdicts = [await a.admit(x, now) for x in alone]
+            assert [v.admitted for v in verdicts] == [True, True, True, False]  # 4 in this process's window
+            await a.settle(alone[0], 30, 200)  # ended while Redis was away; the other two are still running
+            durable_redis.start()
+            await poll(lambda: not a.down)
+            assert durable_redis.call("ZCARD", f"eg:{{{k}}}:req") == "4"
+            assert durable_redis.call("GET", f"eg:{{{k}}}:tsum") == str(20 + 30 + 50 + 50)
+            assert durable_redis.call("GET", spend) == str(100 + 200 + 300 + 300)
+            assert not (await b.admit(ask(k, rpm=4), now)).admitted  # the other replica sees all four
+            await a.write_back()  # again: nothing counted twice
+            assert durable_redis.call("GET", spend) == str(100 + 200 + 300 + 300)
+            await a.settle(alone[1], 10, 50)  # settled through Redis now, once
+            await a.settle(alone[1], 10, 50)
+            assert durable_redis.call("GET", spend) == str(100 + 200 + 50 + 300)
+            assert durable_redis.call("GET", f"eg:{{{k}}}:tsum") == str(20 + 30 + 10 + 50)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(body())
+
+
+def test_a_redis_that_restarted_empty_gets_the_windows_back(fresh_redis: RedisServer) -> None:
+    async def body() -> None:
+        now = time.time()
+        a = RedisLimiter(fresh_redis.url, fail_open=True, timeout_s=0.5, retry_s=0.1)
+        k = key()
+        try:
+            assert all([(await a.admit(ask(k, rpm=3), now)).admitted for _ in range(2)])
+            fresh_redis.stop()
+            fresh_redis.start()  # empty
+            assert (await a.admit(ask(k, rpm=3), now)).admitted  # the failed call: counted here, alone
+            await poll(lambda: not a.down)
+            assert fresh_redis.call("ZCARD", f"eg:{{{k}}}:req") == "3"
+            assert not (await a.admit(ask(k, rpm=3), now)).admitted
+        finally:
+            await a.close()
+
+    asyncio.run(body())
+
+
+def test_the_write_back_ends_under_steady_traffic_and_misses_nothing(fresh_redis: RedisServer) -> None:
+    """Requests arriving while a replica writes back wait for it instead of adding to what it must write."""
+
+    async def body() -> None:
+        a = RedisLimiter(fresh_redis.url, fail_open=True, timeout_s=0.5, retry_s=0.1)
+        k = key()
+        admitted = 0
+
+        async def client() -> None:
+            nonlocal admitted
+            while True:
+                verdict = await a.admit(ask(k, rpm=1_000_000, concurrency=1000), time.time())
+                admitted += verdict.admitted  # after the await: tasks would overwrite each other's counts
+                await asyncio.sleep(0.001)
+
+        try:
+            fresh_redis.stop()
+            clients = [asyncio.create_task(client()) for _ in range(4)]
+            await poll(lambda: a.down and admitted > 50)
+            fresh_redis.start()
+            await poll(lambda: not a.down)
+            for c in clients:
+                c.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+            assert fresh_redis.call("ZCARD", f"eg:{{{k}}}:req") == str(admitted)
+        finally:
+            await a.close()
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+async def poll(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "not done in time"
+        await asyncio.sleep(0.05)
+
+
+def test_keys_with_nothing_left_in_their_windows_are_forgotten() -> None:
+    limiter = LocalLimiter()
+    for _ in range(4094):
+        assert limiter.admit_now(ask(key(), rpm=1), 1000.0).admitted
+    busy = key()
+    limiter.record(ask(busy, concurrency=1, lease_s=600.0), 1000.0)  # still running at 1100
+    assert len(limiter.key_ids()) == 4095
+    limiter.admit_now(ask(key(), rpm=1), 1100.0)  # the 4096th key: a sweep first
+    assert sorted(limiter.key_ids())[0] == busy and len(limiter.key_ids()) == 2

@@ -167,25 +167,31 @@ def test_redis_dying_fails_open_or_closed_as_configured(
     config.write_text(
         config_text(engine, "required: true", f"url: '{fresh_redis.url}', on_error: {mode}, retry_s: 0.2")
     )
-    key = keys_cli(config, "create", "--rpm", "5")["key"]
+    made = keys_cli(config, "create", "--rpm", "5")
+    key, window = made["key"], f"eg:{{{made['id']}}}:req"
     gw = GatewayProcess(config, cache_dir)
     try:
         c = openai.OpenAI(base_url=f"{gw.base_url}/v1", api_key=key, max_retries=0)
         c.chat.completions.create(model="fast", messages=HI, max_tokens=2)
         fresh_redis.stop()
         if mode == "open":
-            # Each replica's own counters take over: the key's limit still holds in this process.
+            # This replica's own counters take over, holding the request Redis admitted: four more.
             answers = [burst([gw], key, 1, max_tokens=2)[0] for _ in range(7)]
-            assert answers == [200] * 5 + ["rate_limit_exceeded"] * 2
+            assert answers == [200] * 4 + ["rate_limit_exceeded"] * 3
         else:
             with pytest.raises(openai.InternalServerError) as err:
                 c.chat.completions.create(model="fast", messages=HI, max_tokens=2)
             assert err.value.status_code == 503 and err.value.code == "rate_limiter_unavailable"
-        # Back, and empty (this one keeps nothing on disk): once the gateway tries it again (retry_s),
-        # Redis's counters decide again, from zero.
+        # Back, and empty (this one keeps nothing on disk): the replica writes what it counted back
+        # (retry_s) before Redis decides again, so the window is the same as before the outage.
         fresh_redis.start()
-        wait_until(lambda: burst([gw], key, 1, max_tokens=2) == [200], timeout=10, interval=0.1)
-        assert burst([gw], key, 5, max_tokens=2).count(200) == 4
+        counted = "5" if mode == "open" else "1"
+        wait_until(lambda: fresh_redis.call("ZCARD", window) == counted, timeout=10, interval=0.1)
+        if mode == "open":
+            assert burst([gw], key, 3, max_tokens=2) == ["rate_limit_exceeded"] * 3
+        else:
+            wait_until(lambda: burst([gw], key, 1, max_tokens=2) == [200], timeout=10, interval=0.1)
+            assert burst([gw], key, 5, max_tokens=2).count(200) == 3
     finally:
         gw.stop()
 
@@ -202,3 +208,84 @@ def test_without_redis_each_replica_counts_alone(tmp_path: Path, engine: Engine,
     finally:
         for gw in gws:
             gw.stop()
+
+
+async def _answers(replicas: list[GatewayProcess], key: str, n: int) -> list[tuple[int, str | None, str | None]]:
+    """``n`` requests at once, alternating between the replicas: (status, error code, Retry-After)."""
+    clients = [
+        openai.AsyncOpenAI(base_url=f"{gw.base_url}/v1", api_key=key, max_retries=0, timeout=60) for gw in replicas
+    ]
+
+    async def one(i: int) -> tuple[int, str | None, str | None]:
+        try:
+            await clients[i % len(clients)].chat.completions.create(model="fast", messages=HI, max_tokens=10)
+        except openai.APIStatusError as exc:
+            return exc.status_code, str(exc.code), exc.response.headers.get("retry-after")
+        return 200, None, None
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def answers(replicas: list[GatewayProcess], key: str, n: int) -> list[tuple[int, str | None, str | None]]:
+    return asyncio.run(_answers(replicas, key, n))
+
+
+def test_a_redis_outage_mid_traffic_never_overspends_and_every_request_is_counted_once(
+    tmp_path: Path, engine: Engine, postgres: Postgres, durable_redis: RedisServer, cache_dir: Path
+) -> None:
+    """Two replicas, Redis stopped and started mid-traffic (defaults: rate limits fail open, budgets
+    closed): the budget is never overspent (503 while Redis is away), the rpm key gets what each
+    replica may admit alone (its limit, counting what it admitted through Redis) and not one more
+    after Redis returns, Redis's counters then hold every admitted request and every dollar once, and
+    every refusal says when to retry."""
+    config = tmp_path / "gateway.yaml"
+    auth = f"required: true, database: '{postgres.dsn}', cache_s: 0.5, usage_flush_s: 0.2"
+    config.write_text(config_text(engine, auth, f"url: '{durable_redis.url}', timeout_s: 1, retry_s: 0.2"))
+    budget = keys_cli(config, "create", "--budget-usd", "0.2", "--budget-period", "day")
+    rpm = keys_cli(config, "create", "--rpm", "20")
+    gws = [GatewayProcess(config, cache_dir), GatewayProcess(config, cache_dir)]
+    seen: list[tuple[int, str | None, str | None]] = []
+    try:
+        # Each request reserves $0.03 and costs $0.028 (see the budget test above).
+        before = answers(gws, budget["key"], 4) + answers(gws, rpm["key"], 8)
+        durable_redis.stop()
+        during_budget = answers(gws, budget["key"], 6)
+        during_rpm = answers(gws, rpm["key"], 60)
+        durable_redis.start()
+        probes: list[tuple[int, str | None, str | None]] = []
+        for gw in gws:  # each replica back on Redis once it wrote back what it counted alone
+
+            def back(gw: GatewayProcess = gw) -> bool:
+                probes.extend(answers([gw], budget["key"], 1))
+                return probes[-1][0] != 503
+
+            wait_until(back, timeout=15, interval=0.1)
+        after_rpm = answers(gws, rpm["key"], 10)
+        after_budget = probes + answers(gws, budget["key"], 20)
+        seen = before + during_budget + during_rpm + after_rpm + after_budget
+    finally:
+        for gw in gws:
+            gw.stop()  # usage flushed at shutdown
+    assert [s for s, _, _ in during_budget] == [503] * 6
+    assert {c for _, c, _ in during_budget} == {"budget_store_unavailable"}
+    # Each replica admitted alone up to 20 in the window, counting the 4 of the 8 it admitted through Redis.
+    rpm_admitted = [s for s, _, _ in before[4:] + during_rpm + after_rpm].count(200)
+    assert rpm_admitted == 40
+    assert [s for s, _, _ in after_rpm] == [429] * 10  # Redis holds all 40: not one more
+    assert durable_redis.call("ZCARD", f"eg:{{{rpm['id']}}}:req") == "40"
+    # Every refusal says when to retry.
+    assert all(r is not None and int(r) >= 1 for s, _, r in seen if s in (429, 503))
+    assert {c for s, c, _ in after_budget if s != 200} <= {"insufficient_quota", "budget_store_unavailable"}
+    # The budget: spend counted by the database (what the engine answered, at list prices) and by Redis.
+    paid = [s for s, _, _ in seen if s == 200]
+    spent = [s for s, _, _ in before[:4] + after_budget].count(200)
+    assert len(paid) == spent + rpm_admitted
+    doc = wait_until(lambda: (d := keys_cli(config, "usage", budget["id"]))["total"]["requests"] == spent and d)
+    assert doc["total"]["cost_usd"] == pytest.approx(spent * 0.028) and doc["total"]["cost_usd"] <= 0.2
+    assert spent == 7  # 4 before; after: 0.112 + 3 x 0.03 <= 0.2 only as each one before settled at 0.028
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    assert durable_redis.call("GET", f"eg:{{{budget['id']}}}:spend:{day}") == str(spent * 28_000_000)
