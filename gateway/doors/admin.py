@@ -15,26 +15,24 @@ import contextlib
 import logging
 import os
 import signal
-import time
 from dataclasses import replace
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.base import GenerationRequest
+from gateway.doors.admin_keys import key_routes
 from gateway.http.errors import ApiError, bad_request, clip
 from gateway.http.peers import TrustedProxies
 from gateway.http.supervisor import SUPERVISOR_ENV
 from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
-from gateway.tenancy.gate import Tenancy
+from gateway.strict import Strict
 from gateway.tenancy.guard import AdminGuard
-from gateway.tenancy.manage import BadKeySpec, create, revoke, summarize, update, validate
-from gateway.tenancy.pricing import day_of
 from routing.explain import to_dict
 from routing.features import features as prompt_features
 from routing.policy import choose
@@ -43,14 +41,12 @@ from routing.types import FleetSnapshot, RequestFeatures
 log = logging.getLogger("enginegate.admin")
 
 
-class ExplainMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class ExplainMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str
 
 
-class ExplainBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class ExplainBody(Strict):
     model: str
     prompt_tokens: int = Field(default=100, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -61,10 +57,10 @@ class ExplainBody(BaseModel):
     key: str | None = None
     """An API key's id, for rules that match keys."""
     team: str | None = None
-    headers: dict[str, str] = {}
-    needs: list[str] = []
+    headers: dict[str, str] = Field(default_factory=dict)
+    needs: list[str] = Field(default_factory=list)
     """Capabilities the request would use (tools, json_schema, logprobs, images...)."""
-    extras: list[str] = []
+    extras: list[str] = Field(default_factory=list)
     """Request fields outside OpenAI's spec it would carry (top_k, min_p...)."""
     messages: list[ExplainMessage] | None = None
     """A chat, as a request would send it: its prompt tokens (counted with the model's tokenizer
@@ -139,22 +135,27 @@ class AdminAuth:
             raise
 
 
-def routes(state: AppState) -> list[Route]:
-    """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
+class _Operations:
+    """Reload, explain a routing decision against the live fleet, and the fleet's state."""
 
-    async def reload(request: Request) -> Response:
-        problems = await state.reload()
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    async def reload(self, request: Request) -> Response:
+        problems = await self.state.reload()
         if problems:
-            return _json({"status": "rejected", "problems": problems, "config": str(state.runtime.loaded.path)}, 422)
+            return _json(
+                {"status": "rejected", "problems": problems, "config": str(self.state.runtime.loaded.path)}, 422
+            )
         supervisor = os.environ.get(SUPERVISOR_ENV)
         if supervisor is not None and supervisor.isdigit():
             # Under serve --workers: the supervisor passes the reload on to every worker (this one
             # reloads again, finding nothing changed).
             with contextlib.suppress(OSError):
                 os.kill(int(supervisor), signal.SIGHUP)
-        return _json({"status": "reloaded", "config": str(state.runtime.loaded.path)})
+        return _json({"status": "reloaded", "config": str(self.state.runtime.loaded.path)})
 
-    async def explain(request: Request) -> Response:
+    async def explain(self, request: Request) -> Response:
         try:
             body = ExplainBody.model_validate(orjson.loads(await request.body()))
         except (orjson.JSONDecodeError, ValidationError) as exc:
@@ -175,15 +176,17 @@ def routes(state: AppState) -> list[Route]:
             needs=frozenset(body.needs),
             extras=frozenset(body.extras),
         )
-        snapshot = state.fleet.snapshot()
+        snapshot = self.state.fleet.snapshot()
         if body.messages is not None or body.prompt is not None:
-            features = await _with_prompt(features, body, snapshot)
-        return _json(to_dict(choose(features, snapshot, state.runtime.rules), features))
+            features = await self._with_prompt(features, body, snapshot)
+        return _json(to_dict(choose(features, snapshot, self.state.runtime.rules), features))
 
-    async def _with_prompt(features: RequestFeatures, body: ExplainBody, snapshot: FleetSnapshot) -> RequestFeatures:
+    async def _with_prompt(
+        self, features: RequestFeatures, body: ExplainBody, snapshot: FleetSnapshot
+    ) -> RequestFeatures:
         """The prompt's own features, as ``/v1/chat/completions`` computes them: its tokens, blocks and
         (where engines publish what they hold) token ids."""
-        rt = state.runtime
+        rt = self.state.runtime
         messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
         gen = GenerationRequest("explain", body.model, messages=messages, prompt=body.prompt)
         exact, token_ids = await rt.measure(gen, snapshot)
@@ -197,8 +200,8 @@ def routes(state: AppState) -> list[Route]:
             block_tokens=own.block_tokens, preamble_blocks=own.preamble_blocks, token_ids=own.token_ids,
         )  # fmt: skip
 
-    async def fleet(request: Request) -> Response:
-        entries = state.fleet.entries
+    async def fleet(self, request: Request) -> Response:
+        entries = self.state.fleet.entries
         doc = {
             b.name: {
                 "engine": b.profile.engine,
@@ -213,102 +216,17 @@ def routes(state: AppState) -> list[Route]:
                 "observed": {"ttft_ratio": b.observed.ttft_ratio, "tpot_ms": b.observed.tpot_ms,
                              "samples": b.observed.samples},
             }
-            for b in state.fleet.snapshot().backends
+            for b in self.state.fleet.snapshot().backends
         }  # fmt: skip
         return _json(doc)
 
-    def tenancy(request: Request) -> Tenancy:
-        if state.tenancy is None or state.tenancy.store is None:
-            raise ApiError(404, "This gateway has no API keys (auth: in its config).", code="keys_off")
-        return state.tenancy
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        try:
-            doc = orjson.loads(await request.body() or b"{}")
-        except orjson.JSONDecodeError as exc:
-            raise bad_request(f"Invalid JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise bad_request("The body must be a JSON object.")
-        return doc
-
-    def unknown_key(key_id: str) -> ApiError:
-        return ApiError(404, f"No API key {clip(key_id)}.", code="key_not_found")
-
-    async def create_key(request: Request) -> Response:
-        t = tenancy(request)
-        try:
-            limits = validate(await body_of(request), t.auth.priority_classes)
-        except BadKeySpec as exc:
-            raise bad_request(str(exc)) from None
-        assert t.store is not None
-        record, token = await create(t.store, limits)
-        # The only time the key is shown: the database keeps its hash.
-        return _json({"key": token, **record.public()}, 201)
-
-    async def list_keys(request: Request) -> Response:
-        t = tenancy(request)
-        assert t.store is not None
-        records = [*t.declared.values(), *await t.store.all()]
-        return _json({"object": "list", "data": [r.public() for r in records]})
-
-    async def show_key(request: Request) -> Response:
-        t = tenancy(request)
-        key_id = request.path_params["key_id"]
-        assert t.store is not None
-        record = t.declared.get(key_id) or await t.store.get(key_id)
-        if record is None:
-            raise unknown_key(key_id)
-        return _json(record.public())
-
-    async def update_key(request: Request) -> Response:
-        t = tenancy(request)
-        key_id = request.path_params["key_id"]
-        if key_id in t.declared:
-            raise bad_request(f"Key {key_id} is declared in the config file: change it there.")
-        assert t.store is not None
-        try:
-            record = await update(t.store, key_id, await body_of(request), t.auth.priority_classes)
-        except BadKeySpec as exc:
-            raise bad_request(str(exc)) from None
-        if record is None:
-            raise unknown_key(key_id)
-        t.forget(key_id)
-        return _json(record.public())
-
-    async def revoke_key(request: Request) -> Response:
-        t = tenancy(request)
-        key_id = request.path_params["key_id"]
-        if key_id in t.declared:
-            raise bad_request(f"Key {key_id} is declared in the config file: remove it there.")
-        assert t.store is not None
-        record = await revoke(t.store, key_id)
-        if record is None:
-            raise unknown_key(key_id)
-        t.forget(key_id)
-        return _json(record.public())
-
-    async def key_usage(request: Request) -> Response:
-        t = tenancy(request)
-        key_id = request.path_params["key_id"]
-        assert t.store is not None
-        try:
-            days = int(request.query_params.get("days", "31"))
-        except ValueError:
-            raise bad_request("days must be an integer", param="days") from None
-        if (t.declared.get(key_id) or await t.store.get(key_id)) is None:
-            raise unknown_key(key_id)
-        await t.flush()  # this replica's latest requests too
-        since = day_of(time.time() - max(0, days - 1) * 86400)
-        return _json({"id": key_id, "since": since, **summarize(await t.store.usage(key_id, since))})
-
+def routes(state: AppState) -> list[Route]:
+    """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
+    ops = _Operations(state)
     return [
-        Route("/admin/keys", create_key, methods=["POST"]),
-        Route("/admin/keys", list_keys, methods=["GET"]),
-        Route("/admin/keys/{key_id}", show_key, methods=["GET"]),
-        Route("/admin/keys/{key_id}", update_key, methods=["PATCH"]),
-        Route("/admin/keys/{key_id}", revoke_key, methods=["DELETE"]),
-        Route("/admin/keys/{key_id}/usage", key_usage, methods=["GET"]),
-        Route("/admin/reload", reload, methods=["POST"]),
-        Route("/admin/route/explain", explain, methods=["POST"]),
-        Route("/admin/fleet", fleet, methods=["GET"]),
+        *key_routes(state),
+        Route("/admin/reload", ops.reload, methods=["POST"]),
+        Route("/admin/route/explain", ops.explain, methods=["POST"]),
+        Route("/admin/fleet", ops.fleet, methods=["GET"]),
     ]
