@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpcore
 import httpx
 import openai
 
@@ -134,9 +133,9 @@ async def stream_once(client: openai.AsyncOpenAI, model: str, max_tokens: int) -
         cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
         # HAProxy closes a kept-alive client connection without an answer when the server's side
         # failed before any response on it (as servers do to idle connections: clients retry those).
-        # (httpx's exception, or httpcore's where the SDK saw it before httpx mapped it)
-        closed = isinstance(cause, httpx.RemoteProtocolError | httpcore.RemoteProtocolError)
-        return ("closed" if closed else f"connection: {type(cause).__module__} {cause!r}"), server
+        # By name: the SDK's HTTP library may be httpx, httpcore or a vendored copy.
+        closed = type(cause).__name__ == "RemoteProtocolError"
+        return ("closed" if closed else f"connection: {cause!r}"), server
     except openai.APIError:  # the SDK raises this for an SSE error event
         return "error-event", server
 
