@@ -47,9 +47,15 @@ class GatewayProcess:
     """``enginegate serve`` as users run it, in its own process, on a free port."""
 
     def __init__(
-        self, config: Path, cache_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+        self,
+        config: Path,
+        cache_dir: Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        """``port``: a given one (a replica restarted where its load balancer expects it); default a free one."""
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = config.with_suffix(".log")
         env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir), **(env or {})}

@@ -88,10 +88,13 @@ class RedisLimiter:
         # A bounded pool that makes a burst wait its turn for a connection (briefly: that wait counts
         # as Redis being unreachable too) instead of opening one connection per request.
         # No retries: a failed call goes to the fail mode at once instead of adding backoff to the request.
+        # RESP2: under RESP3, redis-py 7+ turns on its maintenance notifications and then skips the
+        # check that replaces a pooled connection the server closed, so after Redis restarts every
+        # connection in the pool would fail its next call (and trip the fail mode once more each).
         once = Retry(NoBackoff(), 0)
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=_CONNECTIONS, timeout=timeout_s * 20, socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s, retry=once,
+            socket_connect_timeout=timeout_s, retry=once, protocol=2,
         )  # fmt: skip
         self._redis: Any = aioredis.Redis(connection_pool=pool, retry=once)
         self._admit = self._redis.register_script(ADMIT)

@@ -288,3 +288,24 @@ def test_keys_with_nothing_left_in_their_windows_are_forgotten() -> None:
     assert len(limiter.key_ids()) == 4095
     limiter.admit_now(ask(key(), rpm=1), 1100.0)  # the 4096th key: a sweep first
     assert sorted(limiter.key_ids())[0] == busy and len(limiter.key_ids()) == 2
+
+
+def test_after_redis_restarts_every_pooled_connection_reconnects(fresh_redis: RedisServer) -> None:
+    """Connections pooled before a restart are replaced, not failed: the limiter is back on Redis at
+    once, not falling back (or refusing, failing closed) once per stale connection."""
+
+    async def body() -> None:
+        limiter = RedisLimiter(fresh_redis.url, fail_open=True, timeout_s=1.0, retry_s=0.1)
+        try:
+            k = key()
+            verdicts = await asyncio.gather(*(limiter.admit(ask(k, rpm=1000), 1000.0) for _ in range(20)))
+            assert not any(v.local for v in verdicts)  # twenty connections in the pool
+            fresh_redis.stop()
+            fresh_redis.start()
+            await asyncio.sleep(0)  # one turn of the loop: it reads the closed sockets, as a serving one does
+            verdicts = await asyncio.gather(*(limiter.admit(ask(k, rpm=1000), 1000.0) for _ in range(20)))
+            assert [v.local for v in verdicts] == [False] * 20
+        finally:
+            await limiter.close()
+
+    asyncio.run(body())
