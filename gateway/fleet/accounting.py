@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from gateway.config import CTranslate2Config, LlamaCppConfig
 from gateway.fleet.entry import Entry
 from gateway.fleet.prefix_share import PrefixShare
 from routing.estimator import kv_capacity_tokens, observe
@@ -41,14 +42,14 @@ class Accounts:
         index = self._index(entry)
         ages = index.ages(features.prefix_blocks, cached_blocks)
         index.add(features.prefix_blocks, features.block_tokens)
-        if self.share is not None:
+        if self.share is not None and not _in_process(entry):
             self.share.sent(entry.name, features.prefix_blocks, features.block_tokens)
         return ages
 
     def learn(self, backend: str, keys: Sequence[int], block_tokens: float) -> None:
         """Another replica sent a prompt of ``keys`` to ``backend``: the engine holds its blocks now."""
         entry = self._entries().get(backend)
-        if entry is not None:
+        if entry is not None and not _in_process(entry):
             self._index(entry).add(keys, block_tokens)
 
     def _index(self, entry: Entry) -> PrefixIndex:
@@ -86,3 +87,9 @@ class Accounts:
 
     def failed(self, entry: Entry) -> None:
         entry.breaker.failure()
+
+
+def _in_process(entry: Entry) -> bool:
+    """An engine inside this process (CTranslate2, llama.cpp): every replica has its own under the same
+    backend name, so what one sent to its engine says nothing of what another's holds."""
+    return isinstance(entry.config, CTranslate2Config | LlamaCppConfig)

@@ -154,3 +154,26 @@ def test_a_probe_bug_is_unhealthy_with_its_traceback_and_a_down_engine_without(
         assert len(bugs) == 1 and "keep" in bugs[0].getMessage()
 
     asyncio.run(scenario())
+
+
+def test_prefix_news_from_other_replicas_skips_in_process_engines(tmp_path: Path) -> None:
+    """Every replica has its own embedded engine under the same name: another replica's prompts say
+    nothing of what this replica's holds, so they are neither taken nor sent; a shared engine's are."""
+    config = """
+models: [{name: m, gguf: "{GGUF}"}]
+backends:
+  - {name: embedded, engine: ctranslate2, model: m}
+  - {name: shared, engine: vllm, url: "http://127.0.0.1:9", model: m}
+"""
+    built: list[ScriptedBackend] = []
+
+    async def scenario() -> None:
+        state = AppState(load_config(write_config(tmp_path / "c.yaml", config)), recording(built))
+        accounts = state.fleet.accounts
+        accounts.learn("embedded", [1, 2, 3], 64.0)
+        accounts.learn("shared", [1, 2, 3], 64.0)
+        embedded, shared = state.fleet.entries["embedded"], state.fleet.entries["shared"]
+        assert embedded.prefix is None or embedded.prefix.match([1, 2, 3]) == 0
+        assert shared.prefix is not None and shared.prefix.match([1, 2, 3]) == 3
+
+    asyncio.run(scenario())
