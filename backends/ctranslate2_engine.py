@@ -45,7 +45,8 @@ from backends.capabilities import ECHO, LOGPROBS, PREFILL, SEED, TOOLS, TOP_LOGP
 from backends.ct2_convert import TOKENIZER_FILE, derive
 from backends.gguf_file import GgufCache
 from backends.hf_tokenizer import encode
-from backends.inproc import InProcessEngine, Step, extra_float, extra_int, seed32
+from backends.inproc import InProcessEngine, extra_float, extra_int, seed32
+from backends.inproc_threads import Step
 from backends.text import sized_work
 
 if TYPE_CHECKING:

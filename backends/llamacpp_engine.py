@@ -41,7 +41,9 @@ from backends.capabilities import (
     Capabilities,
 )
 from backends.gguf_file import GgufCache
-from backends.inproc import InProcessEngine, LogprobMaker, Step, extra_float, extra_int, seed32
+from backends.inproc import InProcessEngine, extra_float, extra_int, seed32
+from backends.inproc_threads import Step
+from backends.inproc_tokens import LogprobMaker
 from backends.text import sized_work
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.ct2_convert import TOKENIZER_FILE, derive
-from backends.inproc import piece_table
+from backends.inproc_tokens import piece_table
 from backends.text import ChatRenderer
 
 ROOT = Path(__file__).resolve().parents[2]

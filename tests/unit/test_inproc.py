@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from backends.base import BackendError, ErrorKind, GenerationRequest
-from backends.inproc import TextAssembler, check_context
+from backends.inproc import check_context
+from backends.inproc_tokens import TextAssembler
 
 PIECES = [b"Hel", b"lo", b" wor", b"ld", "é".encode()[:1], "é".encode()[1:], b"<", b"END", b">", b"!"]
 
@@ -66,7 +67,7 @@ def test_full_queue_is_overloaded_and_slots_are_released() -> None:
     import threading
     from collections.abc import Callable, Iterator
 
-    from backends.inproc import ThreadedGeneration
+    from backends.inproc_threads import ThreadedGeneration
     from tests.polling import eventually
 
     gate = threading.Event()

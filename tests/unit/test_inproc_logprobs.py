@@ -14,16 +14,9 @@ import pytest
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob
 from backends.gguf_vocab import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, Vocabulary
-from backends.inproc import (
-    InProcessEngine,
-    LogprobMaker,
-    Step,
-    ThreadedGeneration,
-    TokenStrings,
-    check_context,
-    extra_int,
-    seed32,
-)
+from backends.inproc import InProcessEngine, check_context, extra_int, seed32
+from backends.inproc_threads import Step, ThreadedGeneration
+from backends.inproc_tokens import LogprobMaker, TokenStrings
 from backends.llamacpp_engine import RANDOM_SEED, StepProcessor, grammar_text
 
 TOKENS = ["</s>", "<0xC3>", "<0xA9>", "\u2581Hel", "lo", "!"]
