@@ -153,6 +153,7 @@ def routes(state: AppState) -> list[Route]:
         doc = {
             b.name: {
                 "engine": b.profile.engine,
+                "context": b.profile.context,  # the engine's own context, where it published or refused one
                 "healthy": b.healthy,
                 "running": b.running,
                 "waiting": b.waiting,

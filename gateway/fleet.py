@@ -3,7 +3,10 @@
 A poller asks every backend for health and load on an interval (never a billed
 completion). Requests report their outcome: time to first token and per token
 feed the estimator, failures the circuit breaker. Routing reads it all as a
-``FleetSnapshot``. ``reconcile`` builds the entries of a new config, keeping
+``FleetSnapshot``. Each backend's context is the smaller of the model entry's and
+the engine's own: the one it publishes (read with its health), or one a context
+refusal named (``note_context``); the profile carries it to placement and the
+answer's default length. ``reconcile`` builds the entries of a new config, keeping
 backends whose settings did not change (their connection pools, learned
 estimates and breakers survive), and hands back the ones to retire.
 """
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING
 from backends.base import Backend, Health, Load
 from backends.capabilities import PLAIN, Capabilities, capabilities_of
 from gateway.breaker import CircuitBreaker
-from gateway.catalog import capabilities, model_specs, profile
+from gateway.catalog import capabilities, model_specs, profile, with_context
 from gateway.config import BackendConfig, ConfigError, LoadedConfig
 from gateway.engines import BackendFactory
 from gateway.prefix_share import PrefixShare
@@ -65,6 +68,8 @@ class Entry:
     """What the engine holds, from its KV-cache events (``backends[].kv_events``, vLLM)."""
     events: KvEventSubscriber | None = None
     events_task: asyncio.Task[None] | None = None
+    published_context: int | None = None
+    """The context the engine last published (``profile.context`` may be lower: learned from a refusal)."""
 
     def __post_init__(self) -> None:
         self.breaker.name = self.config.name
@@ -72,6 +77,12 @@ class Entry:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def context(self, model_context: int) -> int:
+        """The most prompt plus answer tokens one request may have here: the model entry's context, or
+        the engine's own when it is smaller (``profile.context``)."""
+        engine = self.profile.context
+        return model_context if engine is None else min(model_context, engine)
 
 
 def reconcile(
@@ -91,7 +102,8 @@ def reconcile(
             old = current.get(cfg.name)
             if old is not None and old.config == cfg:
                 caps = capabilities(capabilities_of(old.backend), cfg, model)
-                if old.profile == profile(cfg, loaded, caps=caps) and old.capabilities == caps:
+                # The engine's context it learned is kept: the same engine still runs with it.
+                if old.profile == profile(cfg, loaded, old.profile.context, caps) and old.capabilities == caps:
                     entries[cfg.name] = old
                     continue
             b = loaded.config.routing.breaker
@@ -266,11 +278,39 @@ class Fleet:
         entries = self.entries
         return [e for n in names if (e := entries.get(n)) is not None]
 
+    def note_context(self, entry: Entry, tokens: int | None, published: bool = True) -> None:
+        """The engine's own context: ``published`` by the engine (it replaces what was known), or named
+        by one of its context refusals (it only ever lowers what is known). Placement and the answer's
+        default length use it from the next request on; a context below the model entry's is logged."""
+        if not isinstance(tokens, int) or tokens <= 0:
+            return
+        known = entry.profile.context
+        if published:
+            if tokens == entry.published_context:
+                return  # read again at every poll: only a change (a relaunched engine) replaces what is known
+            entry.published_context = tokens
+        elif known is not None:
+            tokens = min(tokens, known)
+        if tokens == known:
+            return
+        entry.profile = with_context(entry.profile, tokens)
+        model = self.models.get(entry.config.model)
+        if model is not None and tokens < model.context:
+            log.warning(
+                "backend %s serves %s with a context of %d tokens, smaller than the model entry's %d: "
+                "answers there are sized to %d tokens with their prompt (%s)",
+                entry.name, model.name, tokens, model.context, tokens,
+                "the engine says so" if published else "learned from the engine refusing a request",
+                extra={"backend": entry.name},
+            )  # fmt: skip
+
     async def poll_entry(self, entry: Entry) -> None:
-        """Read one backend's health and load now."""
+        """Read one backend's health and load now (and its context, where the engine publishes it)."""
         was = entry.health.ok
         try:
             entry.health = await asyncio.wait_for(entry.backend.health(), self._interval)
+            if entry.health.ok:
+                self.note_context(entry, getattr(entry.backend, "context_length", None))
             load = await asyncio.wait_for(entry.backend.load(), self._interval)
         except Exception as exc:  # a failed probe is an unhealthy backend, not a crash
             entry.health = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
