@@ -271,6 +271,16 @@ class Tokenizing(Protocol):
 
 
 @runtime_checkable
+class KnowsContext(Protocol):
+    """Optional: engines that say how many prompt plus answer tokens one request may have, the context
+    they were launched with (vLLM's ``--max-model-len``, TGI's ``max_total_tokens``, llama-server's
+    slot ``n_ctx``, the in-process engines' ``n_ctx``): None until known. The gateway uses the smaller
+    of it and the model entry's ``context``."""
+
+    context_length: int | None
+
+
+@runtime_checkable
 class Resending(Protocol):
     """Optional: engines reached over pooled connections, which count requests written again on a
     fresh connection after a stale one refused the first write (never one the engine may have run)."""

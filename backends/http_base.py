@@ -3,7 +3,10 @@
 Subclasses build the engine's payload and parse its stream; this class opens
 streams (mapping connect errors, timeouts and error statuses to
 ``BackendError`` once), counts requests in flight, and reads health and load
-from the engine's own cheap endpoints.
+from the engine's own cheap endpoints. Where the engine publishes the context it
+was launched with (``context_path``, read by ``read_context``), a healthy
+engine is asked once (again after it was unhealthy: it may have been
+relaunched) and ``context_length`` holds the answer.
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ class HttpBackend(abc.ABC):
     health_path = "/health"
     metrics_path: str | None = "/metrics"
     load_map: LoadMap | None = None
+    context_path: ClassVar[str | None] = None
+    """Where the engine publishes its context limit (vLLM ``/v1/models``, TGI ``/info``, llama-server
+    ``/props``); None: it publishes none (trtllm-serve, Triton, MII)."""
     closes_streams: ClassVar[bool] = False
     """The engine's server closes its connection after a streamed answer without saying so
     (llama-server): such requests say ``Connection: close``, so no request is ever written on a
@@ -86,6 +92,10 @@ class HttpBackend(abc.ABC):
         self.in_flight = 0
         self._retries_before = 0
         """Retries counted by clients closed since (``aclose``)."""
+        self.context_length: int | None = None
+        """The most prompt plus answer tokens one request may have on this engine, as the engine
+        published it (``context_path``); None until read, or where it publishes none."""
+        self._context_read = False
 
     def _client(self) -> HttpClient:
         """The pooled client, made on first use (and again after ``aclose``)."""
@@ -140,8 +150,32 @@ class HttpBackend(abc.ABC):
         try:
             status, body = await self.probe(self.health_path)
         except OSError as exc:
+            self._context_read = False
             return Health(ok=False, detail=f"{type(exc).__name__}: {exc}")
-        return Health(ok=status == 200, detail="" if status == 200 else body[:200].decode("utf-8", "replace"))
+        if status != 200:
+            self._context_read = False
+            return Health(ok=False, detail=body[:200].decode("utf-8", "replace"))
+        if not self._context_read and self.context_path is not None:
+            await self.learn_context()
+        return Health(ok=True)
+
+    async def learn_context(self) -> int | None:
+        """Ask the engine for the context it was launched with (``context_path``): ``context_length``."""
+        if self.context_path is None:
+            return None
+        try:
+            status, body = await self.probe(self.context_path)
+            doc = orjson.loads(body) if status == 200 else None
+        except (OSError, orjson.JSONDecodeError):
+            return self.context_length  # asked again at the next health check
+        self._context_read = True
+        value = self.read_context(doc) if doc is not None else None
+        self.context_length = value if isinstance(value, int) and value > 0 else None
+        return self.context_length
+
+    def read_context(self, doc: Any) -> int | None:
+        """The context limit in the engine's ``context_path`` document (None: not there)."""
+        return None
 
     async def load(self) -> Load | None:
         """The engine's own gauges when it has them, else what this gateway has in flight there."""

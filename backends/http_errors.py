@@ -10,6 +10,15 @@ validation ``{"error": "..."}``, MII's ``{"message": ...}`` and fastchat codes.
 What the engine wrote stays in the error's ``detail`` (for logs); its ``message`` is what a client may
 read: the engine's own words only where they tell the client what to change (a bad request, a prompt
 too long), with URLs, hosts, file paths and tracebacks taken out; otherwise what kind of failure it was.
+A refusal the engine sent inside a 200 stream (TGI validates there) reads as the engine refusing the
+request, never as a stream error: the client may have asked for a whole answer.
+
+A context refusal names the engine's limit, and mostly the prompt's size as the engine counted it
+(``context_figures``): vLLM ("maximum context length is 4096 tokens and your request has 7 input
+tokens"), TGI ("must be <= 2048. Given: 2000 `inputs` tokens"), trtllm-serve ("prompt length (4000.0)
+... should not exceed max_seq_len (4096)", "= max_seq_len (4096) - `splited_prompt_len` (4100)"),
+llama-server ("request (9412 tokens) exceeds the available context size (8192 tokens)") and the
+in-process engines. The gateway learns the backend's real context from them.
 """
 
 from __future__ import annotations
@@ -24,8 +33,28 @@ from backends.base import BackendError, ErrorKind
 
 _CONTEXT = re.compile(
     r"context length|context size|maximum context|max_model_len|must be <= \d+|max_total_tokens|too long"
-    r"|maximum input length|should not exceed max_num_tokens|prompt length .* exceed",
+    r"|must have less than \d+ tokens"
+    r"|maximum input length|should not exceed max_num_tokens|prompt length .* exceed|max_seq_len",
     re.IGNORECASE,
+)
+# (limit, prompt) patterns of engines' context refusals; a pattern without a prompt group names the limit only.
+_FIGURES = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"maximum context length is (?P<limit>\d+) tokens and your request has (?P<prompt>\d+) input tokens",
+        r"maximum context length is (?P<limit>\d+) tokens\. However, your request has (?P<prompt>\d+) input tokens",
+        r"maximum context length is (?P<limit>\d+) tokens\. However, you requested \d+ tokens \((?P<prompt>\d+) in",
+        r"maximum context length is (?P<limit>\d+) tokens\. However, your \w+ resulted in (?P<prompt>\d+) tokens",
+        r"must be <= (?P<limit>\d+)\. Given: (?P<prompt>\d+) `inputs` tokens",
+        r"prompt length \((?P<prompt>\d+)(?:\.\d*)?\) and query length \((?P<query>\d+)\)"
+        r".*max_seq_len \((?P<limit>\d+)\)",
+        r"max_seq_len \((?P<limit>\d+)\) - `splited_prompt_len` \((?P<prompt>\d+)\)"
+        r" - `query_token_len` \((?P<query>\d+)\)",
+        r"request \((?P<prompt>\d+) tokens\) exceeds the available context size \((?P<limit>\d+) tokens\)",
+        r"context length is only (?P<limit>\d+) tokens",
+        r"maximum context length is (?P<limit>\d+) tokens",
+        r"max_model_len=(?P<limit>\d+)",
+    )
 )
 _INVALID = re.compile(r"^input validation error", re.IGNORECASE)
 # trtllm-serve reports a full queue as a 400 with this text; it is an overload, worth retrying elsewhere.
@@ -72,6 +101,20 @@ def client_text(message: str) -> str:
         message = pattern.sub(replacement, message)
     message = " ".join(message.split())
     return message[:_SHOWN_CHARS].rstrip(" ,:;")
+
+
+def context_figures(text: str) -> tuple[int | None, int | None]:
+    """(the engine's context limit, the prompt's tokens as the engine counted them) named in a context
+    refusal's text; None for what it does not say."""
+    for pattern in _FIGURES:
+        found = pattern.search(text)
+        if found is None:
+            continue
+        groups = found.groupdict()
+        prompt = groups.get("prompt")
+        query = int(groups.get("query") or 0)
+        return int(groups["limit"]), None if prompt is None else int(prompt) + query
+    return None, None
 
 
 def _error(kind: ErrorKind, head: str, message: str, param: Any, retry_after: float | None) -> EngineError:
@@ -157,4 +200,5 @@ def from_event(engine: str, doc: Any, trust_status: bool = True) -> EngineError:
     message, type_, code, param = _message(doc)
     status = code if trust_status and isinstance(code, int) and 100 <= code < 600 else None
     kind = _kind(status, message, type_, code)
-    return _error(kind, f"{engine} stream error", message, param, 1.0 if kind is ErrorKind.OVERLOADED else None)
+    head = f"{engine} refused the request" if kind in _SHOWN else f"{engine} stream error"
+    return _error(kind, head, message, param, 1.0 if kind is ErrorKind.OVERLOADED else None)

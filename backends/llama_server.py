@@ -2,7 +2,8 @@
 
 Health: ``/health`` answers 503 while the model loads. Load: ``/metrics``
 (only with ``--metrics``): requests processing and deferred; the kv-cache
-gauges were removed from llama-server in 2025 and are read only when present.
+gauges were removed from llama-server in 2025 and are read only when present. Context: a slot's
+``n_ctx`` from ``/props`` (``default_generation_settings``), what one request may fill.
 
 Capabilities, checked against the llama-server ``make test`` builds (llama-cpp-python 0.3.36's
 vendored llama.cpp, build ``b1-0c1e570``); every field goes out as OpenAI spells it:
@@ -69,9 +70,16 @@ class LlamaServerBackend(OpenAICompatBackend):
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
+    context_path = "/props"
     capabilities: ClassVar[Capabilities] = CAPABILITIES
     usage_per_choice = True
     closes_streams = True  # its HTTP server ends the connection after a stream, without Connection: close
+
+    def read_context(self, doc: Any) -> int | None:
+        # A slot's context (``-c`` over ``-np`` slots unless the KV cache is unified): what one request gets.
+        settings = doc.get("default_generation_settings") if isinstance(doc, dict) else None
+        value = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return value if isinstance(value, int) else None
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         body = super().payload(request)

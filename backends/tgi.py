@@ -36,7 +36,6 @@ from backends.base import (
     Chunk,
     ErrorKind,
     GenerationRequest,
-    Health,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
@@ -148,23 +147,15 @@ class _TgiBase(HttpBackend):
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
+    context_path = "/info"
     info: dict[str, Any] | None = None
+    """TGI's ``/info``, read with its context (``max_total_tokens``: prompt plus new tokens)."""
     native_extras: ClassVar[frozenset[str]] = NATIVE_EXTRAS
 
-    async def health(self) -> Health:
-        health = await super().health()
-        if health.ok and self.info is None:
-            try:
-                status, body = await self.probe("/info")
-                self.info = orjson.loads(body) if status == 200 else None
-            except (OSError, orjson.JSONDecodeError):
-                self.info = None
-        return health
-
-    @property
-    def context_length(self) -> int | None:
+    def read_context(self, doc: Any) -> int | None:
+        self.info = doc if isinstance(doc, dict) else None
         value = (self.info or {}).get("max_total_tokens")
-        return int(value) if isinstance(value, int) else None
+        return value if isinstance(value, int) else None
 
     async def tokenized(self, request: GenerationRequest, text: str) -> int:
         """Tokens in ``text`` by TGI's ``POST /tokenize`` (its router's tokenizer: what it counts as

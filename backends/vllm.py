@@ -1,4 +1,5 @@
-"""vLLM's OpenAI server: the thin path, health from ``/health``, load from ``/metrics``.
+"""vLLM's OpenAI server: the thin path, health from ``/health``, load from ``/metrics``, the context it
+was launched with (``--max-model-len``) from ``/v1/models``' ``max_model_len``.
 
 Every capability field goes out as OpenAI spells it: vLLM's request models take them all (checked
 against vLLM 0.32 on CPU, the engine ``make test`` runs). What each needs from the deployment:
@@ -78,6 +79,7 @@ class VLLMBackend(OpenAICompatBackend):
     health_path = "/health"
     metrics_path = "/metrics"
     load_map = LOAD
+    context_path = "/v1/models"
     capabilities: ClassVar[Capabilities] = CAPABILITIES
 
     async def count_prompt(self, request: GenerationRequest) -> int:
@@ -94,6 +96,15 @@ class VLLMBackend(OpenAICompatBackend):
                 body |= {"continue_final_message": True, "add_generation_prompt": False}
         doc = await self.post_json(request, "/tokenize", body)
         return tokenize_count(self.name, doc)
+
+    def read_context(self, doc: Any) -> int | None:
+        cards = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(cards, list):
+            return None
+        # The served model's card (a LoRA adapter's card carries the base model's limit too).
+        lengths = {c.get("id"): c.get("max_model_len") for c in cards if isinstance(c, dict)}
+        value = lengths.get(self.settings.served_model, next(iter(lengths.values()), None))
+        return value if isinstance(value, int) else None
 
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         fields = super().engine_fields(request)

@@ -207,6 +207,7 @@ class _Operations:
                 "engine": b.profile.engine,
                 # who counts its answers' tokens: the engine, the gateway's tokenizer, or an estimate
                 "token_counts": entries[b.name].capabilities.token_counts if b.name in entries else None,
+                "context": b.profile.context,  # the engine's own context, where it published or refused one
                 "healthy": b.healthy,
                 "running": b.running,
                 "waiting": b.waiting,

@@ -8,14 +8,18 @@ replace the entry of that name meanwhile, and the retired one must still see its
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.config import CTranslate2Config, LlamaCppConfig
+from gateway.fleet.catalog import with_context
 from gateway.fleet.entry import Entry
 from gateway.fleet.prefix_share import PrefixShare
 from routing.estimator import kv_capacity_tokens, observe
 from routing.prefix import PrefixIndex
 from routing.types import ModelSpec, RequestFeatures
+
+log = logging.getLogger("enginegate.fleet")
 
 
 class Accounts:
@@ -87,6 +91,32 @@ class Accounts:
 
     def failed(self, entry: Entry) -> None:
         entry.breaker.failure()
+
+    def note_context(self, entry: Entry, tokens: int | None, published: bool = True) -> None:
+        """The engine's own context: ``published`` by the engine (it replaces what was known), or named
+        by one of its context refusals (it only ever lowers what is known). Placement and the answer's
+        default length use it from the next request on; a context below the model entry's is logged."""
+        if not isinstance(tokens, int) or tokens <= 0:
+            return
+        known = entry.profile.context
+        if published:
+            if tokens == entry.published_context:
+                return  # read again at every poll: only a change (a relaunched engine) replaces what is known
+            entry.published_context = tokens
+        elif known is not None:
+            tokens = min(tokens, known)
+        if tokens == known:
+            return
+        entry.profile = with_context(entry.profile, tokens)
+        model = self._models().get(entry.config.model)
+        if model is not None and tokens < model.context:
+            log.warning(
+                "backend %s serves %s with a context of %d tokens, smaller than the model entry's %d: "
+                "answers there are sized to %d tokens with their prompt (%s)",
+                entry.name, model.name, tokens, model.context, tokens,
+                "the engine says so" if published else "learned from the engine refusing a request",
+                extra={"backend": entry.name},
+            )  # fmt: skip
 
 
 def _in_process(entry: Entry) -> bool:

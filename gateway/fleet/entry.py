@@ -48,6 +48,8 @@ class Entry:
     """What the engine holds, from its KV-cache events (``backends[].kv_events``, vLLM)."""
     events: KvEventSubscriber | None = None
     events_task: asyncio.Task[None] | None = None
+    published_context: int | None = None
+    """The context the engine last published (``profile.context`` may be lower: learned from a refusal)."""
 
     def __post_init__(self) -> None:
         self.breaker.name = self.config.name
@@ -55,3 +57,9 @@ class Entry:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def context(self, model_context: int) -> int:
+        """The most prompt plus answer tokens one request may have here: the model entry's context, or
+        the engine's own when it is smaller (``profile.context``)."""
+        engine = self.profile.context
+        return model_context if engine is None else min(model_context, engine)

@@ -3,6 +3,9 @@
 A poller asks every backend for health and load on an interval (never a billed completion).
 Requests report their outcome to ``Fleet.accounts`` (``accounting``): time to first token and per
 token feed the estimator, failures the circuit breaker. Routing reads it all as a ``FleetSnapshot``.
+Each backend's context is the smaller of the model entry's and the engine's own: the one it publishes
+(read with its health), or one a context refusal named (``Accounts.note_context``); the profile carries
+it to placement and the answer's default length.
 ``reconcile`` builds the entries of a new config, keeping backends whose settings did not change
 (their connection pools, learned estimates and breakers survive), and hands back the ones to retire.
 """
@@ -15,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from backends.base import Backend, BackendError, Health
+from backends.base import Backend, BackendError, Health, KnowsContext
 from backends.capabilities import capabilities_of
 from gateway.config import ConfigError, LoadedConfig
 from gateway.fleet.accounting import Accounts
@@ -51,7 +54,8 @@ def reconcile(
             old = current.get(cfg.name)
             if old is not None and old.config == cfg:
                 caps = capabilities(capabilities_of(old.backend), cfg, model)
-                if old.profile == profile(cfg, loaded, caps=caps) and old.capabilities == caps:
+                # The engine's context it learned is kept: the same engine still runs with it.
+                if old.profile == profile(cfg, loaded, old.profile.context, caps) and old.capabilities == caps:
                     entries[cfg.name] = old
                     continue
             b = loaded.config.routing.breaker
@@ -172,10 +176,12 @@ class Fleet:
         return [e for n in names if (e := entries.get(n)) is not None]
 
     async def poll_entry(self, entry: Entry) -> None:
-        """Read one backend's health and load now."""
+        """Read one backend's health and load now (and its context, where the engine publishes it)."""
         was = entry.health.ok
         try:
             entry.health = await asyncio.wait_for(entry.backend.health(), self._interval)
+            if entry.health.ok and isinstance(entry.backend, KnowsContext):
+                self.accounts.note_context(entry, entry.backend.context_length)
             load = await asyncio.wait_for(entry.backend.load(), self._interval)
         except (BackendError, OSError, TimeoutError, ValueError) as exc:  # down, slow or unreadable: unhealthy
             entry.health = Health(ok=False, detail=f"{type(exc).__name__}: {exc}")

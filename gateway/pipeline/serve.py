@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 import orjson
@@ -23,7 +24,7 @@ from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Deadlines
 from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.shaping import Recount, default_length, open_answer
+from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound
 from gateway.pipeline.surfaces import Answer, Surface, UsageTotal
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
@@ -148,6 +149,7 @@ async def _serve(
     extras = frozenset(gen.extra)
     if (wanted or extras) and rt.config.routing.drop_unsupported:
         gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
+    _check_extras(gen)
     try:
         exact, token_ids = await rt.measure(gen, snapshot)
         stream = asked.stream
@@ -196,14 +198,20 @@ async def _serve(
     assert spec is not None  # choose() found candidates, so the snapshot knows the model
     model_context = spec.context
     prompt_tokens = feats.prompt_tokens
+    bound = prompt_bound(gen, exact)  # the prompt as the engine will count it, erring long
 
     counter = rt.counters.get(gen.model)
     recount = Recount(exact, counter.count_text) if counter is not None else None
 
     def open_answer_at(target: dispatch.Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
         entry = cast("Entry", target)
-        request = default_length(request, limits.max_tokens, entry.profile.context or model_context, prompt_tokens)
-        return open_answer(entry.backend, entry.capabilities, request, recount)
+        if request.max_tokens is not None:  # the client's: the engine's word on it is the client's answer
+            return open_answer(entry.backend, entry.capabilities, request, recount)
+        context = entry.context(model_context)
+        learned = partial(fleet.accounts.note_context, entry, published=False)
+        return open_sized(
+            entry.backend, entry.capabilities, request, limits.max_tokens, context, bound, learned, recount
+        )
 
     try:
         committed = await dispatch.start(
@@ -224,6 +232,25 @@ async def _serve(
     payload = orjson.dumps(doc)
     life.overhead_header(gen.clock.waited_s)
     await ex.respond(200, payload)
+
+
+def _check_extras(gen: GenerationRequest) -> None:
+    """Engine extras that ask for more than the answer's length allows are refused here, on every
+    engine alike: ``min_tokens`` above the client's ``max_tokens``. (Without ``max_tokens`` the gateway
+    sizes the answer to the backend's context, which bounds ``ignore_eos`` too, and ``min_tokens`` is
+    checked against that length: ``shaping.open_sized``.)"""
+    min_tokens = gen.extra.get("min_tokens")
+    if min_tokens is None:
+        return
+    if type(min_tokens) is not int or min_tokens < 0:
+        raise ApiError(400, "'min_tokens' must be a non-negative integer.", param="min_tokens", code="invalid_value")
+    if gen.max_tokens is not None and min_tokens > gen.max_tokens:
+        raise ApiError(
+            400,
+            f"'min_tokens' ({min_tokens}) must be less than or equal to 'max_tokens' ({gen.max_tokens}).",
+            param="min_tokens",
+            code="invalid_value",
+        )
 
 
 def _drop_unsupported(

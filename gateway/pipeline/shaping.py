@@ -2,7 +2,23 @@
 
 - The answer's length when the client set none: what the backend's context leaves after the
   prompt, capped by ``limits.max_tokens``, the same rule on every engine (engines' own defaults
-  range from 16 tokens to the whole context).
+  range from 16 tokens to the whole context). The backend's context is the smaller of the model
+  entry's and the one its engine was launched with (``Entry.context``). The prompt is counted as the
+  engine will see it: rendered with the chat template, tools included, by the model's tokenizer
+  where the gateway has it (``Runtime.measure``); otherwise estimated with a margin, so that the
+  estimate errs long (``prompt_bound``)::
+
+      ceil(1.25 * characters / 4)       message texts, tool-call arguments and the tools' JSON
+      + 32                              a chat template's fixed text (Llama 3.1 adds a dated preamble)
+      + 8 per message                   role markers and separators
+      + 128 when tools are offered      the template's instructions around them
+      + 1024 per image                  what vision encoders take for one
+
+  A completion prompt is text only: ``ceil(1.25 * characters / 4) + 8``. If the engine still finds
+  prompt and answer too long (a count made with another template, an unusual tokenizer) its refusal
+  names its limit and mostly the prompt's real size: the attempt is made once more on the same
+  backend with the answer that leaves, and the fleet keeps the limit (``Accounts.note_context``). A
+  client's own ``max_tokens`` is never changed: the engine's refusal is the client's 400.
 - ``n`` > 1 on a backend without a native ``n``: ``n`` generations on that backend at once, with
   distinct seeds when a seed was given, merged into one stream of indexed choices.
 - Tools on engines that take raw text: the adapter renders the tools with the model's chat
@@ -16,11 +32,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from backends.base import Backend, Chunk, GenerationRequest, Usage
+import orjson
+
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.capabilities import Capabilities
+from backends.http_errors import context_figures
 from backends.text import INLINE_PROMPT_CHARS
 
 
@@ -34,11 +54,125 @@ class Recount:
     """Tokens of a text as the model's tokenizer splits it (blocking CPU work)."""
 
 
+ESTIMATE_MARGIN = 1.25
+CHARS_PER_TOKEN = 4
+TEMPLATE_TOKENS = 32
+MESSAGE_TOKENS = 8
+TOOLS_TOKENS = 128
+IMAGE_TOKENS = 1024
+
+
+def prompt_bound(request: GenerationRequest, exact: int | None) -> int:
+    """The prompt's tokens as the engine will count them: ``exact`` when the model's tokenizer counted
+    them (template and tools included), else the estimate with its margin (the module docstring)."""
+    if exact is not None:
+        return exact
+    if request.messages is None:
+        return math.ceil(ESTIMATE_MARGIN * len(request.prompt or "") / CHARS_PER_TOKEN) + MESSAGE_TOKENS
+    chars = images = 0
+    for m in request.messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "text":
+                    chars += len(str(part.get("text", "")))
+                else:
+                    images += 1
+        for call in m.get("tool_calls") or ():
+            function = call.get("function") or {}
+            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    fixed = TEMPLATE_TOKENS + MESSAGE_TOKENS * len(request.messages) + IMAGE_TOKENS * images
+    if request.tools:
+        chars += len(orjson.dumps(list(request.tools)))
+        fixed += TOOLS_TOKENS
+    return math.ceil(ESTIMATE_MARGIN * chars / CHARS_PER_TOKEN) + fixed
+
+
 def default_length(request: GenerationRequest, cap: int, context: int, prompt_tokens: int) -> GenerationRequest:
-    """The request with its answer length set: the client's, else what the context leaves (at least one)."""
+    """The request with its answer length set: the client's, else what the context leaves after
+    ``prompt_tokens`` (``prompt_bound``), at least one."""
     if request.max_tokens is not None:
         return request
     return replace(request, max_tokens=max(1, min(cap, context - prompt_tokens)))
+
+
+def open_sized(
+    backend: Backend,
+    caps: Capabilities,
+    request: GenerationRequest,
+    cap: int,
+    context: int,
+    prompt_tokens: int,
+    learned: Callable[[int], None],
+    recount: Recount | None = None,
+) -> AsyncIterator[Chunk]:
+    """``open_answer`` with the answer's length the gateway's to choose (the client set none): sized to
+    ``context`` (``default_length``), and sized once more to what the engine says when it refuses that
+    as too long; ``learned`` hears the context limit such a refusal names."""
+    sized = default_length(request, cap, context, prompt_tokens)
+    min_tokens = request.extra.get("min_tokens")
+    if type(min_tokens) is int and sized.max_tokens is not None and min_tokens > sized.max_tokens:
+        return _refused(
+            BackendError(
+                ErrorKind.CONTEXT_LENGTH,
+                f"min_tokens ({min_tokens}) is more than this backend's context leaves for the answer "
+                f"({sized.max_tokens} tokens after a prompt of about {prompt_tokens}).",
+                param="min_tokens",
+            )
+        )
+    return _resized(backend, caps, sized, cap, prompt_tokens, learned, recount)
+
+
+async def _refused(error: BackendError) -> AsyncIterator[Chunk]:
+    raise error
+    yield Chunk()  # pragma: no cover - makes this an async generator
+
+
+def _smaller(limit: int, prompt: int | None, request: GenerationRequest, cap: int, counted: int) -> int | None:
+    """The answer length that fits an engine's ``limit`` after the ``prompt`` it counted (else the
+    gateway's count), when that is shorter than what ``request`` asked and leaves at least one token."""
+    room = min(cap, limit - (counted if prompt is None else prompt))
+    return room if request.max_tokens is not None and 0 < room < request.max_tokens else None
+
+
+async def _resized(
+    backend: Backend,
+    caps: Capabilities,
+    request: GenerationRequest,
+    cap: int,
+    prompt_tokens: int,
+    learned: Callable[[int], None],
+    recount: Recount | None,
+) -> AsyncIterator[Chunk]:
+    stream = open_answer(backend, caps, request, recount)
+    try:
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except BackendError as exc:
+            if exc.kind is not ErrorKind.CONTEXT_LENGTH:
+                raise
+            limit, prompt = context_figures(exc.detail)
+            if limit is None:
+                raise
+            learned(limit)
+            room = _smaller(limit, prompt, request, cap, prompt_tokens)
+            if room is None:
+                raise
+            await _close(stream)
+            stream = open_answer(backend, caps, replace(request, max_tokens=room), recount)
+            try:
+                first = await anext(stream)
+            except StopAsyncIteration:
+                return
+        yield first
+        async for chunk in stream:
+            yield chunk
+    finally:
+        await _close(stream)
 
 
 def open_answer(

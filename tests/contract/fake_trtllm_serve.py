@@ -8,8 +8,11 @@ Reproduced:
   errors FastAPI-style (loc prefixed with "body"). Handler errors are the flat ``{"object":"error","message":..,
   "type":"BadRequestError","param":null,"code":400}``; every exception inside chat/completions becomes that 400.
 - The request's ``model`` is never checked: any name is served and echoed back.
-- Prompt too long (pytorch backend, max_num_tokens 8192, max_seq_len = engine.context_length): the
-  ``max_num_tokens`` and ``default_max_tokens`` ValueErrors as 400; a max_tokens above the room left is clamped.
+- Prompt too long (pytorch backend, max_num_tokens 8192, max_seq_len = create_app's ``max_seq_len``, default
+  engine.context_length): the ``max_num_tokens`` and ``default_max_tokens`` ValueErrors as 400; a max_tokens
+  above the room left is clamped. With create_app's ``backend="tensorrt"`` (an engine built with TensorRT)
+  ``_check_arguments`` refuses prompt + max_tokens beyond max_seq_len first: 400 "The sum of prompt length
+  (P.0) and query length (0) max_tokens (M) should not exceed max_seq_len (S)". /v1/models says nothing of it.
 - temperature and top_p default to 1.0 (so the default is sampling); temperature 0 or top_k 1 is greedy.
 - Streaming chat: role chunk (written ``data: {...} \\n\\n``, stray space included), one chunk per token carrying
   ``"reasoning_content":""``, finish_reason (+ stop_reason) on the last token's chunk. ``stream_options`` defaults
@@ -532,8 +535,12 @@ class _Server:
         received: list[dict[str, Any]],
         tool_parser: str | None,
         guided_decoding_backend: str | None,
+        max_seq_len: int | None = None,
+        backend: Literal["pytorch", "tensorrt"] = "pytorch",
     ) -> None:
         self.engine, self.control, self.model, self.received = engine, control, model, received
+        self.max_seq_len = engine.context_length if max_seq_len is None else max_seq_len
+        self.backend = backend
         self.tool_parser, self.guided_decoding_backend = tool_parser, guided_decoding_backend
         self.next_id = self.waiting = self.errors = self.prompt_total = self.generation_total = self.iterations = 0
         self.live: dict[int, _Live] = {}
@@ -636,7 +643,12 @@ class _Server:
                 self._observe("trtllm_time_per_output_token_seconds", (end - rec.first) / (rec.generated - 1))
 
     def _job(self, req: Any, prompt: str, max_tokens: int | None) -> _Job:
-        n, seq = self.engine.count_tokens(prompt), self.engine.context_length
+        n, seq = self.engine.count_tokens(prompt), self.max_seq_len
+        if self.backend == "tensorrt" and n + (max_tokens or 0) > seq:
+            raise EngineFailure(
+                f"The sum of prompt length ({float(n)}) and query length (0) max_tokens ({max_tokens}) should not "
+                f"exceed max_seq_len ({seq})"
+            )
         if n > MAX_NUM_TOKENS:
             raise EngineFailure(
                 f"The sum of prompt length ({float(n)}), query length (0) should not exceed "
@@ -863,10 +875,16 @@ def create_app(
     received: list[dict[str, Any]] | None = None,
     tool_parser: str | None = "qwen3",
     guided_decoding_backend: str | None = "xgrammar",
+    max_seq_len: int | None = None,
+    backend: Literal["pytorch", "tensorrt"] = "pytorch",
 ) -> ASGIApp:
     """The fake as launched with ``--tool_parser`` ``tool_parser`` and ``guided_decoding_backend`` in its
-    extra options (None: without); each generate body is appended to ``received``."""
-    server = _Server(engine, control, model, [] if received is None else received, tool_parser, guided_decoding_backend)
+    extra options (None: without), ``--max_seq_len`` ``max_seq_len`` (None: the model's context) and
+    ``--backend`` ``backend``; each generate body is appended to ``received``."""
+    server = _Server(
+        engine, control, model, [] if received is None else received, tool_parser, guided_decoding_backend,
+        max_seq_len, backend,
+    )  # fmt: skip
     routes = [
         Route("/health", server.health, methods=["GET"]),
         Route("/version", server.version, methods=["GET"]),
