@@ -1,4 +1,4 @@
-"""The ``auth:`` and ``redis:`` config sections (validated at the edge, like the rest of gateway/config.py)."""
+"""The ``auth:`` and ``redis:`` config sections (validated at the edge, like the rest of gateway/config/)."""
 
 from __future__ import annotations
 
