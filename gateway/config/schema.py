@@ -16,16 +16,28 @@ from gateway.tenancy.settings import AuthConfig, RedisConfig
 
 class GatewayConfig(Frozen):
     server: ServerConfig = ServerConfig()
+    """The listener: address, connection limits, browser access, shutdown."""
     limits: LimitsConfig = LimitsConfig()
+    """Bounds on every request's size, and the health poll."""
     routing: RoutingConfig = RoutingConfig()
+    """How a request picks its backend: attempts, deadlines, breakers, weights, rules."""
     admin: AdminConfig = AdminConfig()
+    """The ``/admin`` API: its key, its port, the lockout of wrong keys."""
     metrics: MetricsConfig = MetricsConfig()
+    """Access to ``/metrics``."""
     auth: AuthConfig = AuthConfig()
+    """API keys: whether they are required, where they live, their limits."""
     redis: RedisConfig = RedisConfig()
+    """The Redis that replicas share limits, budgets and prefix blocks through."""
     gpus: list[GpuConfig] = []
+    """GPUs beyond the built-in catalog (A10G, L4, A100-40GB, A100-80GB, H100, H200), or replacing an entry."""
     engine_efficiency: dict[str, EfficiencyConfig] = {}
+    """Per engine (``vllm``, ``llama_cpp``...): how close it comes to the hardware, replacing the
+    built-in figures the routing estimates use."""
     models: list[ModelConfig] = Field(min_length=1)
+    """The models the gateway serves, by the name clients send."""
     backends: list[BackendConfig] = Field(min_length=1)
+    """The engines that serve them: one entry per deployment, its keys depending on ``engine:``."""
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

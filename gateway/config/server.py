@@ -11,13 +11,17 @@ from gateway.strict import Frozen
 
 class ServerConfig(Frozen):
     host: str = "127.0.0.1"
+    """Address the gateway listens on; the default takes connections from this machine only
+    (``0.0.0.0``: every interface)."""
     port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port of the API (and of ``/admin`` unless ``admin.port`` is set); 0: a free port the system picks."""
     cache_dir: str | None = None
     """Where models derived from GGUF files are kept; default: $XDG_CACHE_HOME/enginegate."""
     # Connection limits (read at start; gateway/http/protocol.py enforces them).
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     """Request line and headers together; beyond it 431."""
     max_headers: int = Field(default=100, ge=8)
+    """Most header lines one request may send; beyond it 431."""
     max_url_bytes: int = Field(default=8192, ge=256)
     """Beyond it 414."""
     header_timeout_s: float = Field(default=10.0, gt=0)
@@ -25,6 +29,8 @@ class ServerConfig(Frozen):
     body_timeout_s: float = Field(default=30.0, gt=0)
     """Time to receive a request body, extended by one second per ``body_min_rate_bytes_s`` received."""
     body_min_rate_bytes_s: int = Field(default=16 * 1024, ge=1)
+    """Bytes per second a slow upload must keep up: each this many bytes received add a second to
+    ``body_timeout_s``; a body slower than that gets 408."""
     keep_alive_timeout_s: float = Field(default=5.0, gt=0)
     """An idle connection (none in flight, new or between requests) is closed after this."""
     max_connections: int = Field(default=1000, ge=1)
@@ -72,12 +78,15 @@ class ServerConfig(Frozen):
 
 class LimitsConfig(Frozen):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body in bytes (JSON as sent); beyond it 413, before the body is parsed."""
     max_messages: int = Field(default=1024, ge=1)
+    """Most messages (chat, Messages) or input items one request may carry; beyond it 400."""
     max_stop_chars: int = Field(default=1024, ge=1)
     """Longest stop string a request may send (at most 4, as OpenAI allows)."""
     max_tokens: int = Field(default=32768, ge=1)
     """Largest ``max_tokens`` a client may ask for."""
     health_interval_s: float = Field(default=5.0, gt=0)
+    """Seconds between two polls of every backend's health and load (never a billed completion)."""
 
 
 class AdminConfig(Frozen):
