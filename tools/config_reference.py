@@ -207,7 +207,9 @@ def _engine(model: type[BaseModel]) -> str:
     return str(typing.get_args(model.model_fields[TAG].annotation)[0])
 
 
-def union_sections(key: str, field: FieldInfo, members: list[type[BaseModel]]) -> Iterator[Section]:
+def union_sections(
+    key: str, field: FieldInfo, members: list[type[BaseModel]], description: str = ""
+) -> Iterator[Section]:
     """A list of tagged variants (``backends``): each group of keys once, under the class that declares
     them (every backend, engines over HTTP, one engine), naming the ``engine:`` values that take them."""
     groups: dict[type, list[type[BaseModel]]] = {}
@@ -218,7 +220,7 @@ def union_sections(key: str, field: FieldInfo, members: list[type[BaseModel]]) -
                 takers.append(member)
     tag = " or ".join(type_name(m.model_fields[TAG].annotation) for m in members).replace(" or one of", ",")
     head = (
-        Row(key, _with_bounds(type_name(field.annotation), field), _default(field), ""),
+        Row(key, _with_bounds(type_name(field.annotation), field), _default(field), description),
         Row(f"{key}[].{TAG}", tag, "required", "Which engine the backend is: the keys below depend on it."),
     )
     for cls, takers in groups.items():
@@ -240,7 +242,7 @@ def sections(root: type[BaseModel] | None = None) -> Iterator[Section]:
         nested = _models_in(annotation)
         intro = _description(root, name, field)
         if len(nested) > 1:
-            yield from union_sections(name, field, nested)
+            yield from union_sections(name, field, nested, intro)
             continue
         section_rows = tuple(rows(root, "", skip=frozenset(root.model_fields) - {name}))
         if section_rows and section_rows[0].type == "mapping":

@@ -290,7 +290,7 @@ class KeyList(_Doc):
 
 
 class KeySpec(_Doc):
-    """An API key's limits (``gateway/tenancy/manage.py`` validates them; see the README)."""
+    """An API key's limits (``gateway/tenancy/manage.py`` validates them; see docs/keys-and-limits.md)."""
 
 
 class KeyUsage(_Doc):

@@ -1,4 +1,7 @@
-"""OpenAI request bodies, validated at the edge, and their translation into a ``GenerationRequest``.
+"""OpenAI request bodies validated at the edge (``parse_body``): bounds, refused fields, cross-field rules.
+
+The models are in ``gateway/doors/openai_bodies.py`` and the translation into a ``GenerationRequest``
+in ``gateway/doors/openai_generation.py``; this module re-exports what the doors import.
 
 Every field of OpenAI's spec either takes effect or is refused with OpenAI's 400: the fields engines
 honour are carried (the routing then sends the request only where its capabilities are covered),
@@ -11,26 +14,41 @@ when a backend serving the model understands them, else ``Unrecognized request a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from backends.base import GenerationRequest
 from gateway.doors.body_errors import validation_error
+from gateway.doors.openai_bodies import (
+    MAX_LOGIT_BIAS,
+    MAX_METADATA,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    MAX_TOOLS,
+    NAME_PATTERN,
+    PARTS_PER_MESSAGE,
+    AssistantMessage,
+    ChatBody,
+    CompletionBody,
+    NamedToolChoice,
+)
+from gateway.doors.openai_generation import described, to_generation
 from gateway.http.errors import ApiError, bad_request
-from gateway.strict import Strict
 
-# Bounds on what a body may hold, checked on the decoded JSON before validation (validating 100,000
-# messages took 0.7 s of event loop to refuse them): OpenAI's 4 stop sequences, each at most
-# MAX_STOP_CHARS; content parts in all at most PARTS_PER_MESSAGE times the message limit; OpenAI's
-# 300 logit_bias entries; OpenAI's 128 tools and 16 metadata pairs.
-MAX_STOPS = 4
-MAX_STOP_CHARS = 1024
-PARTS_PER_MESSAGE = 4
-MAX_LOGIT_BIAS = 300
-MAX_TOOLS = 128
-MAX_METADATA = 16
-NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+# The models and the translation were defined here first: the doors and tests import them from here.
+__all__ = [
+    "MAX_METADATA",
+    "MAX_STOPS",
+    "MAX_STOP_CHARS",
+    "MAX_TOOLS",
+    "NAME_PATTERN",
+    "ChatBody",
+    "CompletionBody",
+    "check_bounds",
+    "described",
+    "parse_body",
+    "to_generation",
+]
 
 # Spec fields the gateway cannot honour on any engine: refused by name when set (null is "unset").
 _REFUSED = {
@@ -46,154 +64,6 @@ _REFUSED = {
     "function_call": "'function_call' is deprecated and not supported: use 'tool_choice'.",
     "suffix": "'suffix' (text insertion) is not supported by this gateway's engines.",
 }
-
-
-class TextPart(Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ImageUrl(Strict):
-    url: Annotated[str, Field(pattern=r"^(https?://|data:image/[a-zA-Z0-9.+-]+;base64,)", max_length=20_000_000)]
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class ImagePart(Strict):
-    type: Literal["image_url"]
-    image_url: ImageUrl
-
-
-class RefusalPart(Strict):
-    type: Literal["refusal"]
-    refusal: str
-
-
-UserPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
-AssistantPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
-
-
-class FunctionCall(Strict):
-    name: str
-    arguments: str
-
-
-class ToolCall(Strict):
-    id: str
-    type: Literal["function"]
-    function: FunctionCall
-
-
-class SystemMessage(Strict):
-    role: Literal["system", "developer"]
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
-    name: str | None = None
-
-
-class UserMessage(Strict):
-    role: Literal["user"]
-    content: str | Annotated[list[UserPart], Field(min_length=1)]
-    name: str | None = None
-
-
-class AssistantMessage(Strict):
-    role: Literal["assistant"]
-    content: str | Annotated[list[AssistantPart], Field(min_length=1)] | None = None
-    refusal: str | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    # What OpenAI's clients send back when an agent appends the response's message as it came.
-    annotations: list[Any] | None = None
-    audio: None = None
-    function_call: None = None
-
-
-class ToolMessage(Strict):
-    role: Literal["tool"]
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
-    tool_call_id: str
-
-
-Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
-
-
-class FunctionDef(Strict):
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(Strict):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(Strict):
-    name: str
-
-
-class NamedToolChoice(Strict):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class JsonSchemaFormat(Strict):
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    description: str | None = None
-    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
-    strict: bool | None = None
-
-
-class ResponseFormat(Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StreamOptions(Strict):
-    include_usage: bool | None = False
-    include_obfuscation: Literal[False] | None = None
-    """OpenAI pads stream events with random text when true; this gateway does not, so only false."""
-
-
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    model: Annotated[str, Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
-    seed: int | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: dict[str, int | float] | None = None
-
-
-class ChatBody(_Common):
-    messages: Annotated[list[Message], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = None
-    store: bool | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
-    modalities: list[Literal["text", "audio"]] | None = None
-    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
-    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
-
-
-class CompletionBody(_Common):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
-    echo: bool | None = None
-    best_of: Annotated[int, Field(ge=1, le=20)] | None = None
 
 
 _UNION_MEMBERS = ("str", "list[TextPart]", "list[str]", "int", "float", "bool", "constrained-int", "constrained-str")
@@ -351,99 +221,3 @@ def _check(body: ChatBody | CompletionBody) -> None:
                 f"messages[{i}].content",
                 "invalid_value",
             )
-
-
-def _content(m: SystemMessage | UserMessage | AssistantMessage | ToolMessage) -> str | list[dict[str, Any]]:
-    """Text parts joined as one string; a list of parts only when the message holds images."""
-    content = m.content
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if any(isinstance(p, ImagePart) for p in content):
-        return [p.model_dump(exclude_none=True) for p in content]
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)  # type: ignore[union-attr]
-
-
-def _message(m: SystemMessage | UserMessage | AssistantMessage | ToolMessage) -> dict[str, Any]:
-    # developer is what newer OpenAI models call system: every engine here knows system.
-    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _content(m)}
-    if isinstance(m, AssistantMessage) and m.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-            for c in m.tool_calls
-        ]
-    if isinstance(m, ToolMessage):
-        out["tool_call_id"] = m.tool_call_id
-    if not isinstance(m, ToolMessage) and m.name is not None:
-        out["name"] = m.name
-    return out
-
-
-def to_generation(
-    body: ChatBody | CompletionBody, request_id: str, max_tokens_cap: int, max_messages: int
-) -> GenerationRequest:
-    max_tokens = body.max_tokens
-    param = "max_tokens"
-    if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
-        max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
-    if max_tokens is not None and max_tokens > max_tokens_cap:
-        raise bad_request(
-            f"'{param}' is {max_tokens}; this gateway allows at most {max_tokens_cap}.", param, "invalid_value"
-        )
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    common: dict[str, Any] = {
-        "request_id": request_id,
-        "model": body.model,
-        "max_tokens": max_tokens,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "stop": stop,
-        "seed": body.seed,
-        "extra": dict(body.model_extra) if body.model_extra else {},
-        "n": body.n or 1,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "logit_bias": {int(k): float(v) for k, v in body.logit_bias.items()} if body.logit_bias else None,
-        "user": body.user,
-    }
-    if isinstance(body, ChatBody):
-        if len(body.messages) > max_messages:
-            raise bad_request(f"Too many messages: at most {max_messages}.", "messages", "invalid_value")
-        fmt = body.response_format
-        response_format: dict[str, Any] | None = None
-        if fmt is not None and fmt.type != "text":
-            response_format = fmt.model_dump(exclude_none=True, by_alias=True)
-        tool_choice = body.tool_choice
-        return GenerationRequest(
-            messages=[_message(m) for m in body.messages],
-            tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
-            tool_choice=tool_choice.model_dump() if isinstance(tool_choice, NamedToolChoice) else tool_choice,
-            parallel_tool_calls=body.parallel_tool_calls,
-            response_format=response_format,
-            logprobs=bool(body.logprobs),
-            top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
-            **common,
-        )
-    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    return GenerationRequest(
-        prompt=prompt,
-        logprobs=body.logprobs is not None,
-        top_logprobs=body.logprobs or 0,
-        echo=bool(body.echo),
-        **common,
-    )
-
-
-def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
-    """What the caller said about itself, for the request log: OpenAI's ``user``, ``metadata`` and
-    ``safety_identifier`` take effect there (the gateway's record of who asked)."""
-    out: dict[str, Any] = {}
-    if body.user is not None:
-        out["user"] = body.user
-    if isinstance(body, ChatBody):
-        if body.metadata:
-            out["metadata"] = body.metadata
-        if body.safety_identifier is not None:
-            out["safety_identifier"] = body.safety_identifier
-    return out

@@ -22,7 +22,7 @@ import orjson
 
 from backends.base import Usage
 from backends.capabilities import needs
-from backends.openai_compat import parse_chunk
+from backends.openai_wire import parse_chunk
 from backends.sse import EventParser
 from gateway.doors.openai_surface import OpenAISurface
 from gateway.epp.pool import Pool

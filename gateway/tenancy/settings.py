@@ -1,4 +1,4 @@
-"""The ``auth:`` and ``redis:`` config sections (validated at the edge, like the rest of gateway/config.py)."""
+"""The ``auth:`` and ``redis:`` config sections (validated at the edge, like the rest of gateway/config/)."""
 
 from __future__ import annotations
 
@@ -16,25 +16,37 @@ class KeyLimits(Frozen):
     """What one key may do; 0 or null: unlimited."""
 
     name: str = ""
+    """A label for people (``enginegate keys list``); not unique."""
     team: str = ""
+    """The team the key belongs to: routing rules match it (``match.teams``) and metrics count per team."""
     models: list[str] = []
     """Glob patterns of the models the key may use; empty: every model."""
     rpm: int = Field(default=0, ge=0)
+    """Requests per minute (``auth.window_s``, sliding); beyond it 429 with Retry-After. 0: unlimited."""
     tpm: int = Field(default=0, ge=0)
+    """Tokens per minute, prompt plus the most the request may generate (reserved up front, settled to
+    what it used); beyond it 429. 0: unlimited."""
     concurrency: int = Field(default=0, ge=0)
+    """Requests in flight at once; beyond it 429. 0: unlimited."""
     budget_usd: float = Field(default=0.0, ge=0)
+    """Dollars the key may spend per ``budget_period`` at the models' prices; beyond it 429. 0: unlimited."""
     budget_period: Literal["day", "month"] = "month"
+    """The budget's period: a calendar day or month (UTC)."""
     priority: str = "default"
+    """A class of ``auth.priority_classes``: it caps the ``x-priority`` the key's requests may ask for."""
     expires_at: float | None = None
     """Unix seconds; after it the key is refused."""
     enabled: bool = True
+    """False: the key is refused (401) but kept, with its usage."""
 
 
 class DeclaredKey(KeyLimits):
     """A key kept in git by its hash: ``enginegate keys hash TOKEN`` prints both fields."""
 
     id: KeyId
+    """The key's id: 8 hex digits, the part of the token after ``sk-eg-`` and before the secret."""
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """SHA-256 of the whole token in hex; the token itself is never written down."""
 
 
 class AuthConfig(Frozen):
@@ -58,6 +70,7 @@ class AuthConfig(Frozen):
     team_metrics_limit: int = Field(default=50, ge=0, le=1000)
     """Teams with their own Prometheus series; later ones count as ``other``."""
     keys: list[DeclaredKey] = []
+    """Keys declared in this file by their hash (``enginegate keys hash TOKEN``), besides those in the database."""
 
     @model_validator(mode="after")
     def _classes(self) -> AuthConfig:

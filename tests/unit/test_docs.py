@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, Field
 
+from gateway.strict import Frozen
 from tools import config_reference
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -93,6 +95,34 @@ def test_the_reference_carries_the_fields_docstrings() -> None:
     assert rows["auth.required"].description.startswith("True: every /v1 request needs a valid key")  # a base module
     assert rows["backends[].gpu"].description.startswith("A GPU from the catalog")  # declared in a base class
     assert rows["models"].default == "required"
+
+
+def _undocumented(root: type[BaseModel] | None = None) -> list[str]:
+    return [r.key for s in config_reference.sections(root) for r in s.rows if not r.description]
+
+
+def test_every_key_of_the_schema_has_a_description() -> None:
+    """Every row of the reference (so every key: the test above) says what it does."""
+    assert _undocumented() == []
+    rows = {r.key: r for s in config_reference.sections() for r in s.rows}
+    assert rows["backends"].description.startswith("The engines that serve them")  # the tagged list's own row
+    assert rows["auth.keys[].rpm"].description.startswith("Requests per minute")  # a base model in tenancy
+
+
+def test_an_undocumented_key_is_found() -> None:
+    """The check above can fail: a field without a docstring or description, however deep."""
+
+    class Inner(Frozen):
+        documented: int = 1
+        """Says what it does."""
+        bare: int = 2
+
+    class Root(Frozen):
+        inner: Inner = Inner()
+        """A section."""
+        described: int = Field(default=0, description="Said in the field.")
+
+    assert _undocumented(Root) == ["inner.bare"]
 
 
 def test_the_reference_page_keeps_its_marker() -> None:

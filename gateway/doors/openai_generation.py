@@ -1,0 +1,116 @@
+"""A validated OpenAI body (chat or completions) as the neutral ``GenerationRequest``, and what the
+caller said about itself for the request log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.base import GenerationRequest
+from gateway.doors.openai_bodies import (
+    AssistantMessage,
+    ChatBody,
+    CompletionBody,
+    ImagePart,
+    NamedToolChoice,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+)
+from gateway.http.errors import bad_request
+
+
+def _content(m: SystemMessage | UserMessage | AssistantMessage | ToolMessage) -> str | list[dict[str, Any]]:
+    """Text parts joined as one string; a list of parts only when the message holds images."""
+    content = m.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if any(isinstance(p, ImagePart) for p in content):
+        return [p.model_dump(exclude_none=True) for p in content]
+    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)  # type: ignore[union-attr]
+
+
+def _message(m: SystemMessage | UserMessage | AssistantMessage | ToolMessage) -> dict[str, Any]:
+    # developer is what newer OpenAI models call system: every engine here knows system.
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _content(m)}
+    if isinstance(m, AssistantMessage) and m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in m.tool_calls
+        ]
+    if isinstance(m, ToolMessage):
+        out["tool_call_id"] = m.tool_call_id
+    if not isinstance(m, ToolMessage) and m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def to_generation(
+    body: ChatBody | CompletionBody, request_id: str, max_tokens_cap: int, max_messages: int
+) -> GenerationRequest:
+    max_tokens = body.max_tokens
+    param = "max_tokens"
+    if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
+        max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is not None and max_tokens > max_tokens_cap:
+        raise bad_request(
+            f"'{param}' is {max_tokens}; this gateway allows at most {max_tokens_cap}.", param, "invalid_value"
+        )
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    common: dict[str, Any] = {
+        "request_id": request_id,
+        "model": body.model,
+        "max_tokens": max_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "stop": stop,
+        "seed": body.seed,
+        "extra": dict(body.model_extra) if body.model_extra else {},
+        "n": body.n or 1,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "logit_bias": {int(k): float(v) for k, v in body.logit_bias.items()} if body.logit_bias else None,
+        "user": body.user,
+    }
+    if isinstance(body, ChatBody):
+        if len(body.messages) > max_messages:
+            raise bad_request(f"Too many messages: at most {max_messages}.", "messages", "invalid_value")
+        fmt = body.response_format
+        response_format: dict[str, Any] | None = None
+        if fmt is not None and fmt.type != "text":
+            response_format = fmt.model_dump(exclude_none=True, by_alias=True)
+        tool_choice = body.tool_choice
+        return GenerationRequest(
+            messages=[_message(m) for m in body.messages],
+            tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
+            tool_choice=tool_choice.model_dump() if isinstance(tool_choice, NamedToolChoice) else tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls,
+            response_format=response_format,
+            logprobs=bool(body.logprobs),
+            top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
+            **common,
+        )
+    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    return GenerationRequest(
+        prompt=prompt,
+        logprobs=body.logprobs is not None,
+        top_logprobs=body.logprobs or 0,
+        echo=bool(body.echo),
+        **common,
+    )
+
+
+def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
+    """What the caller said about itself, for the request log: OpenAI's ``user``, ``metadata`` and
+    ``safety_identifier`` take effect there (the gateway's record of who asked)."""
+    out: dict[str, Any] = {}
+    if body.user is not None:
+        out["user"] = body.user
+    if isinstance(body, ChatBody):
+        if body.metadata:
+            out["metadata"] = body.metadata
+        if body.safety_identifier is not None:
+            out["safety_identifier"] = body.safety_identifier
+    return out
