@@ -29,7 +29,7 @@ from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Deadlines
 from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.serve import no_candidates
+from gateway.pipeline.refusals import no_candidates
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Reason
