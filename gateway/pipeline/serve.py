@@ -39,6 +39,7 @@ from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
+    from gateway.tenancy.gate import Tenancy
     from gateway.tenancy.keys import KeyRecord
 
 log = logging.getLogger("enginegate.request")
@@ -69,10 +70,12 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         feats = await work.features(ex, rt, snapshot, headers)
     except InvalidHeader as exc:
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-    if key is not None:
-        feats = await _admit(state, key, work, feats, snapshot, "x-priority" in headers, life)
-    decision = _route(state, feats, snapshot, work, life, key is not None)
-    committed = await _dispatch(state, work, feats, decision, life)
+    if key is not None and tenancy is not None:
+        feats = await _admit(tenancy, key, rt, work, feats, snapshot, "x-priority" in headers, life)
+    decision = _route(state, rt, feats, snapshot, work, life)
+    if key is not None and tenancy is not None:
+        tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
+    committed = await _dispatch(state, rt, work, feats, decision, life)
     life.committed(committed)
     if work.stream:
         # A stream's headers go out with its first token: what the gateway added up to there.
@@ -98,8 +101,9 @@ async def _json(ex: Exchange, headers: Mapping[str, str], limits: LimitsConfig) 
 
 
 async def _admit(
-    state: AppState,
+    tenancy: Tenancy,
     key: KeyRecord,
+    rt: Runtime,
     work: Work,
     feats: RequestFeatures,
     snapshot: FleetSnapshot,
@@ -107,20 +111,19 @@ async def _admit(
     life: RequestLife,
 ) -> RequestFeatures:
     """Scope, limits and budget of the caller's key, before any backend is chosen."""
-    assert state.tenancy is not None  # a key was authenticated
     spec = snapshot.models.get(work.model)
-    cap, estimated = work.admission(state.runtime.config.limits)
+    cap, estimated = work.admission(rt.config.limits)
     context = spec.context if spec is not None else None
-    admitted = await state.tenancy.admit(key, feats, life, explicit_priority, cap, context, estimated)
+    admitted = await tenancy.admit(key, feats, life, explicit_priority, cap, context, estimated)
     work.admitted(admitted)
     return admitted
 
 
 def _route(
-    state: AppState, feats: RequestFeatures, snapshot: FleetSnapshot, work: Work, life: RequestLife, keyed: bool
+    state: AppState, rt: Runtime, feats: RequestFeatures, snapshot: FleetSnapshot, work: Work, life: RequestLife
 ) -> Decision:
     """``choose()``, counted and told (``x-enginegate-route``); a refusal when no backend takes it."""
-    decision = choose(feats, snapshot, state.runtime.rules)
+    decision = choose(feats, snapshot, rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(work.model, decision, work.stream, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
@@ -129,16 +132,14 @@ def _route(
             "no backend can take the request", extra={"request_id": life.ex.request_id, "excluded": decision.excluded}
         )
         raise work.refusal(decision)
-    if keyed and state.tenancy is not None:
-        state.tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     return decision
 
 
 async def _dispatch(
-    state: AppState, work: Work, feats: RequestFeatures, decision: Decision, life: RequestLife
+    state: AppState, rt: Runtime, work: Work, feats: RequestFeatures, decision: Decision, life: RequestLife
 ) -> Committed[Entry]:
     """The candidates in order (or hedged) until one commits, under the request's deadlines."""
-    routing = state.runtime.config.routing
+    routing = rt.config.routing
     deadlines = Deadlines(
         routing.first_token_timeout_s,
         routing.answer_timeout_s,
