@@ -122,7 +122,7 @@ class Embedding:
     """An embeddings request as the pipeline carries it: routing measures its inputs, a target embeds
     them, the answer is one document (never a stream)."""
 
-    stream = False
+    events: Answer | None = None  # never a stream
 
     def __init__(self, body: EmbeddingsBody, request_id: str, matryoshka: bool) -> None:
         self.body = body
@@ -164,9 +164,6 @@ class Embedding:
         assert isinstance(embedded, Embedded)  # what open_at yields
         result = embedded.result
         return document(self.body, self.model, result, self._matryoshka), Usage(result.prompt_tokens, 0)
-
-    def events(self) -> Answer:
-        raise AssertionError("an embedding is never streamed")
 
 
 class EmbeddingsDoor:

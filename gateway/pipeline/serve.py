@@ -77,10 +77,10 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     committed = await _dispatch(state, rt, work, feats, decision, life)
     life.committed(committed)
-    if work.stream:
+    answer = work.events
+    if answer is not None:
         # A stream's headers go out with its first token: what the gateway added up to there.
         life.overhead_header(work.clock.waited_s)
-        answer = work.events()
         ex.failure = answer.failure  # a shutdown that cuts the stream ends it in this front door's events
         await _stream(ex, committed, answer, life)
         return
@@ -125,7 +125,7 @@ def _route(
     """``choose()``, counted and told (``x-enginegate-route``); a refusal when no backend takes it."""
     decision = choose(feats, snapshot, rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(work.model, decision, work.stream, feats)
+    life.routed(work.model, decision, work.events is not None, feats)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         # The client is told why without backend names; the log has each backend's reason.
         log.info(
@@ -147,8 +147,9 @@ async def _dispatch(
     )
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     targets = state.fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
+    whole = work.events is None  # an answer sent whole commits at its end
     try:
-        return await dispatch.start(targets, work, deadlines, life, feats.prompt_tokens, not work.stream, hedge_after)
+        return await dispatch.start(targets, work, deadlines, life, feats.prompt_tokens, whole, hedge_after)
     except BackendError as exc:
         life.engine_wait_s = work.clock.waited_s
         raise from_backend(exc) from exc
@@ -193,6 +194,7 @@ class Generation:
         self.gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
         self.model = self.gen.model
         self.stream = asked.stream
+        self.events: Answer | None = surface.answer(asked, request_id) if asked.stream else None
         self.caller = asked.caller
         self.clock: EngineClock = self.gen.clock  # shared by every copy of the request
         self.wanted: dict[str, str] = {}
@@ -255,9 +257,6 @@ class Generation:
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         return self._surface.answer(self._asked, self._request_id).whole(chunks)
-
-    def events(self) -> Answer:
-        return self._surface.answer(self._asked, self._request_id)
 
 
 def _drop_unsupported(

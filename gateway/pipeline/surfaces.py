@@ -89,8 +89,8 @@ class Work(Protocol):
     def model(self) -> str: ...
 
     @property
-    def stream(self) -> bool:
-        """The answer goes as a stream (``events``), else whole (``whole``)."""
+    def events(self) -> Answer | None:
+        """A streamed answer's events; None: the answer goes whole (``whole``)."""
         ...
 
     @property
@@ -128,10 +128,6 @@ class Work(Protocol):
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         """The complete answer's document and the usage it reports."""
-        ...
-
-    def events(self) -> Answer:
-        """A streamed answer's events (asked only of work whose ``stream`` is true)."""
         ...
 
 
