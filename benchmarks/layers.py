@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 import types
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ sys.path.insert(
     len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]), str(Path(__file__).parents[1])
 )
 
-from backends.base import Chunk, GenerationRequest, Health, Load, Usage
+from benchmarks.asgi import CONFIG, Fast, post, started
 from gateway.app import create_app
 from gateway.config import load_config
 
@@ -37,33 +36,7 @@ SHORT, LONG = 8, 208
 SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 
 
-class Chunks:
-    """An engine that streams ``chunks`` tokens, each its own chunk (nothing arrives together)."""
-
-    chunks = SHORT
-
-    def __init__(self, name: str, model: str) -> None:
-        self.name, self._model = name, model
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        for _ in range(Chunks.chunks):
-            yield Chunk(text=" tok")
-        yield Chunk(finish_reason="stop", usage=Usage(5, Chunks.chunks))
-
-    async def health(self) -> Health:
-        return Health(ok=True)
-
-    async def load(self) -> Load | None:
-        return None
-
-    def models(self) -> list[str]:
-        return [self._model]
-
-    async def aclose(self) -> None:
-        return None
-
-
-GENERATE = Chunks.generate.__code__
+GENERATE = Fast.generate.__code__
 
 
 class Counter:
@@ -89,34 +62,12 @@ class Counter:
 
 async def _one(app: Any) -> None:
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Hello"}], "stream": True})
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.sleep(3600)  # the client stays
-        return {"type": "http.disconnect"}
-
-    status: list[int] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-
-    headers = [(b"content-type", b"application/json"), (b"host", b"localhost"), (b"content-length", b"%d" % len(body))]
-    scope = {
-        "type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers, "query_string": b"",
-        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1), "scheme": "http", "http_version": "1.1",
-        "root_path": "",
-    }  # fmt: skip
-    await app(scope, receive, send)
-    assert status == [200], status
+    status = await post(app, "/v1/chat/completions", body)
+    assert status == 200, status
 
 
-async def _counted(app: Any, chunks: int) -> Counter:
-    Chunks.chunks = chunks
+async def _counted(app: Any, engine: Fast, chunks: int) -> Counter:
+    engine.tokens = chunks
     counter = Counter()
     sys.setprofile(counter)
     try:
@@ -128,24 +79,13 @@ async def _counted(app: Any, chunks: int) -> Counter:
 
 async def main() -> None:
     config = Path(tempfile.mkdtemp()) / "layers.yaml"
-    config.write_text(
-        "models: [{name: m, params_b: 8}]\n"
-        "backends: [{name: b, engine: vllm, url: 'http://127.0.0.1:9', model: m, gpu: H100}]\n"
-    )
-    app = create_app(load_config(config), lambda cfg, loaded: Chunks(cfg.name, cfg.model))
-    lifespan: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    await lifespan.put({"type": "lifespan.startup"})
-    started = asyncio.Event()
-
-    async def lifespan_send(message: dict[str, Any]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            started.set()
-
-    task = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}}, lifespan.get, lifespan_send))
-    await started.wait()
+    config.write_text(CONFIG)
+    engine = Fast("b", "m", SHORT)  # each token its own chunk: nothing arrives together
+    app = create_app(load_config(config), lambda cfg, loaded: engine)
+    task = await started(app)
     for _ in range(3):  # warm: first-request caches, lazy imports
         await _one(app)
-    short, long = await _counted(app, SHORT), await _counted(app, LONG)
+    short, long = await _counted(app, engine, SHORT), await _counted(app, engine, LONG)
     stack = long.stacks[len(long.stacks) // 2]  # a chunk in the middle of the stream
     stack = stack[: next((i for i, s in enumerate(stack) if s.endswith("RequestLife.run")), len(stack))]
     print(

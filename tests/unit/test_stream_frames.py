@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from backends.base import Chunk, GenerationRequest, Usage
+from benchmarks.asgi import CONFIG, post, started
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.fakes import ScriptedBackend, factory
@@ -31,46 +32,16 @@ class Engine(ScriptedBackend):
 
 async def _streamed(app: Any) -> bytes:
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stream": True})
-    received = [{"type": "http.request", "body": body, "more_body": False}]
+    lifespan = await started(app)  # the fleet has polled its backends: b is healthy
     out: list[bytes] = []
-
-    async def receive() -> dict[str, Any]:
-        if received:
-            return received.pop()
-        await asyncio.sleep(3600)  # the client stays
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            out.append(message["body"])
-
-    scope = {
-        "type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"", "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
-        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1), "scheme": "http", "http_version": "1.1",
-    }  # fmt: skip
-    lifespan: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    await lifespan.put({"type": "lifespan.startup"})
-    started = asyncio.Event()
-
-    async def lifespan_send(message: dict[str, Any]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            started.set()
-
-    life = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}}, lifespan.get, lifespan_send))
-    await started.wait()  # the fleet has polled its backends: b is healthy
-    await app(scope, receive, send)
-    await lifespan.put({"type": "lifespan.shutdown"})
-    await life
+    assert await post(app, "/v1/chat/completions", body, out) == 200
+    lifespan.cancel()
     return b"".join(out)
 
 
 def test_no_generator_stands_between_the_engine_and_the_socket(tmp_path: Path) -> None:
     config = tmp_path / "g.yaml"
-    config.write_text(
-        "models: [{name: m, params_b: 8}]\n"
-        "backends: [{name: b, engine: vllm, url: 'http://127.0.0.1:9', model: m, gpu: H100}]\n"
-    )
+    config.write_text(CONFIG)
     engine = Engine("b", "m", words=["one", " two", " three"])
     app = create_app(load_config(config), factory({"b": engine}))
     stacks: list[list[str]] = []
