@@ -10,7 +10,7 @@ import os
 import random
 import re
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -35,8 +35,8 @@ from gateway.http.drain import attach
 from gateway.http.errors import ApiError, clip, model_not_found
 from gateway.http.exchange import ClientGone, Exchange
 from gateway.http.protocol import RECEIVED
-from gateway.pipeline.serve import serve
-from gateway.pipeline.surfaces import Surface
+from gateway.pipeline.serve import Generating, serve
+from gateway.pipeline.surfaces import Door
 from gateway.state import AppState
 from routing.types import Breaker, FleetSnapshot
 
@@ -116,7 +116,7 @@ class Gateway:
             await self._generation(scope, receive, send, rid, surface, client_id=client_id)
             return
         if scope["path"] == embeddings.PATH and scope["method"] == "POST":
-            await self._generation(scope, receive, send, rid, embeddings.EMBEDDINGS, embeddings.serve, client_id)
+            await self._generation(scope, receive, send, rid, embeddings.EMBEDDINGS, client_id)
             return
         scope["enginegate.request_id"] = rid
         scope["enginegate.client_request_id"] = client_id
@@ -139,11 +139,10 @@ class Gateway:
         receive: Receive,
         send: Send,
         rid: str,
-        surface: Surface | embeddings.EmbeddingsDoor,
-        handler: Handler = serve,
+        door: Door,
         client_id: str | None = None,
     ) -> None:
-        ex = Exchange(receive, send, rid, surface.error_body, client_id)  # errors in the door's shape
+        ex = Exchange(receive, send, rid, door.error_body, client_id)  # errors in the door's shape
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
             headers["authorization"] = "Bearer " + headers["x-api-key"]
@@ -151,7 +150,7 @@ class Gateway:
         if task is not None:
             self.live.add(task)
         try:
-            await handler(ex, headers, self.state, surface, scope.get(RECEIVED))
+            await serve(ex, headers, self.state, door, scope.get(RECEIVED))
         except ApiError as exc:
             if not ex.started:
                 await ex.error(exc)
@@ -187,15 +186,13 @@ async def _shutdown_notice(ex: Exchange) -> None:
             await ex.abort(_SHUTTING_DOWN)
 
 
-GENERATION: dict[str, Surface] = {
-    "/v1/chat/completions": CHAT,
-    "/v1/completions": COMPLETIONS,
-    "/v1/responses": RESPONSES,
-    "/v1/messages": MESSAGES,
+GENERATION: dict[str, Door] = {
+    "/v1/chat/completions": Generating(CHAT),
+    "/v1/completions": Generating(COMPLETIONS),
+    "/v1/responses": Generating(RESPONSES),
+    "/v1/messages": Generating(MESSAGES),
 }
 """The generation routes and their front doors: requests to them take the hot path."""
-Handler = Callable[[Exchange, Mapping[str, str], AppState, Any, float | None], Awaitable[None]]
-"""How a front door's request is served (``completions.serve``; ``embeddings.serve``)."""
 _NOTICE_S = 1.0
 _SHUTTING_DOWN = ApiError(
     503, "The gateway is shutting down; retry the request.", type="api_error", code="shutting_down", retry_after=1.0

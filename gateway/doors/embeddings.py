@@ -2,11 +2,12 @@
 
 The body (``input`` a string, strings, token ids or arrays of them; ``encoding_format`` float or
 base64; ``dimensions`` for Matryoshka models) is validated at the edge, the model must be an entry
-of ``kind: embed``, and then the request is a generation request's twin: ``choose()`` ranks the
-backends serving the model, dispatch tries them in order until one answers (an embedding is a whole
-answer of one piece, under ``routing.answer_timeout_s``, failing over before the first byte), a
-client that leaves cancels it, and ``RequestLife`` counts it under the ``embeddings`` route and
-logs it. Backends of an embedding model are built as embedders (``gateway.fleet.engines.build_embedder``).
+of ``kind: embed``, and then the request goes through the one pipeline every front door shares
+(``gateway.pipeline.serve``) as ``Embedding`` work: ``choose()`` ranks the backends serving the
+model, dispatch tries them in order until one answers (an embedding is a whole answer of one chunk,
+``Embedded``, failing over before the first byte), a client that leaves cancels it, and
+``RequestLife`` counts it under the ``embeddings`` route and logs it. Backends of an embedding
+model are built as embedders (``gateway.fleet.engines.build_embedder``).
 """
 
 from __future__ import annotations
@@ -14,28 +15,26 @@ from __future__ import annotations
 import base64
 import random
 import struct
-import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
+from backends.base import BackendError, Chunk, ErrorKind, Usage
 from backends.embed_base import Embedder, EmbedRequest, EmbedResult, normalized
+from gateway.config import LimitsConfig
 from gateway.doors.body_errors import param_path, validation_error
-from gateway.http.errors import ApiError, bad_request, error_for_json, from_backend, model_not_found
-from gateway.http.exchange import Exchange
-from gateway.pipeline import dispatch
-from gateway.pipeline.dispatch import Deadlines
-from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.serve import no_candidates
-from routing.features import InvalidHeader, features
-from routing.policy import choose, priority_factor
-from routing.types import Reason
+from gateway.http.errors import ApiError, bad_request
+from gateway.pipeline.refusals import no_candidates
+from gateway.pipeline.surfaces import Answer
+from routing.features import features
 
 if TYPE_CHECKING:
-    from gateway.state import AppState
+    from gateway.fleet.entry import Entry
+    from gateway.http.exchange import Exchange
+    from gateway.state import Runtime
+    from routing.types import Decision, FleetSnapshot, RequestFeatures
 
 MAX_INPUTS = 2048
 """OpenAI's limit on inputs per request."""
@@ -112,10 +111,79 @@ def document(body: EmbeddingsBody, model: str, result: EmbedResult, matryoshka: 
     return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Embedded(Chunk):
+    """An embedding's answer as dispatch carries it: one finished chunk with the vectors."""
+
+    result: EmbedResult
+
+
+class Embedding:
+    """An embeddings request as the pipeline carries it: routing measures its inputs, a target embeds
+    them, the answer is one document (never a stream)."""
+
+    events: Answer | None = None  # never a stream
+
+    def __init__(self, body: EmbeddingsBody, request_id: str, matryoshka: bool) -> None:
+        self.body = body
+        self.model = body.model
+        self.caller: dict[str, Any] = {"user": body.user} if body.user is not None else {}
+        self.request = EmbedRequest(request_id, body.model, inputs_of(body))
+        self.clock = self.request.clock
+        self._matryoshka = matryoshka
+
+    async def features(
+        self, ex: Exchange, rt: Runtime, snapshot: FleetSnapshot, headers: Mapping[str, str]
+    ) -> RequestFeatures:
+        inputs = self.request.inputs
+        texts = [x if isinstance(x, str) else "" for x in inputs]
+        exact = sum(len(x) for x in inputs if not isinstance(x, str)) or None
+        return features(self.model, texts, 1, False, headers, exact, random.random())
+
+    def admission(self, limits: LimitsConfig) -> tuple[int, int | None]:
+        return 1, None  # an answer of no tokens; inputs given as text are counted as routing counts them
+
+    def admitted(self, features: RequestFeatures) -> None:
+        return None  # there is no answer length to bound
+
+    def refusal(self, decision: Decision) -> ApiError:
+        return no_candidates(decision, self.model, {}, frozenset())
+
+    async def open_at(self, target: Entry) -> AsyncIterator[Chunk]:
+        backend = target.backend
+        if not isinstance(backend, Embedder):
+            raise BackendError(ErrorKind.INTERNAL, f"{target.name} is not an embedding engine")
+        result = await backend.embed(self.request)
+        yield Embedded(finish_reason="stop", usage=Usage(result.prompt_tokens, 0), result=result)
+
+    def at_once(self, target: Entry) -> bool:
+        return False  # its one chunk comes under the first token's deadline, as a generation's first would
+
+    def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
+        embedded = chunks[0]
+        assert isinstance(embedded, Embedded)  # what open_at yields
+        result = embedded.result
+        return document(self.body, self.model, result, self._matryoshka), Usage(result.prompt_tokens, 0)
+
+
 class EmbeddingsDoor:
-    """The front door's name and error shape (OpenAI's), as ``Gateway`` asks them of every door."""
+    """The front door: its requests are ``Embedding`` work; errors in OpenAI's shape."""
 
     route = "embeddings"
+
+    def understood(self, data: Any, rt: Runtime, request_id: str) -> Embedding:
+        body = parse(data)
+        matryoshka = False
+        if body.model in rt.model_names:  # an unknown model is the pipeline's to refuse
+            entry = rt.loaded.model(body.model)
+            if entry.kind != "embed":
+                raise bad_request(
+                    f"`{body.model}` generates text; it makes no embeddings (a model entry of `kind: embed` does).",
+                    "model",
+                    "model_not_embedding",
+                )
+            matryoshka = entry.matryoshka
+        return Embedding(body, request_id, matryoshka)
 
     def error_body(self, error: ApiError) -> bytes:
         return error.json()
@@ -123,84 +191,3 @@ class EmbeddingsDoor:
 
 EMBEDDINGS = EmbeddingsDoor()
 PATH = "/v1/embeddings"
-
-
-async def serve(
-    ex: Exchange, headers: Mapping[str, str], state: AppState, door: object, received: float | None = None
-) -> None:
-    """Answer one embeddings request on ``ex`` (``gateway.completions.serve``'s twin): errors before
-    the answer raise ``ApiError``; the request's life records how it ended."""
-    life = RequestLife(state, EMBEDDINGS.route, ex, received if received is not None else time.perf_counter())
-    await life.run(_serve(ex, headers, state, life))
-
-
-async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, life: RequestLife) -> None:
-    rt = state.runtime
-    limits = rt.config.limits
-    tenancy = state.tenancy
-    key = await tenancy.authenticate(headers.get("authorization")) if tenancy is not None else None
-    raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
-    ex.watch()
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise error_for_json(exc) from None
-    body = parse(data)
-    if body.model not in rt.model_names:
-        raise model_not_found(body.model)
-    entry = rt.loaded.model(body.model)
-    if entry.kind != "embed":
-        raise bad_request(
-            f"`{body.model}` generates text; it makes no embeddings (a model entry of `kind: embed` does).",
-            "model",
-            "model_not_embedding",
-        )
-    life.model = body.model
-    if body.user is not None:
-        life.caller = {"user": body.user}
-    request = EmbedRequest(ex.request_id, body.model, inputs_of(body))
-    texts = [x if isinstance(x, str) else "" for x in request.inputs]
-    exact = sum(len(x) for x in request.inputs if not isinstance(x, str)) or None
-    try:
-        feats = features(body.model, texts, 1, False, headers, exact, random.random())
-    except InvalidHeader as exc:
-        raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-    snapshot = state.fleet.snapshot()
-    if key is not None and tenancy is not None:
-        spec = snapshot.models.get(body.model)
-        feats = await tenancy.admit(key, feats, life, "x-priority" in headers, 1, spec.context if spec else None)
-    decision = choose(feats, snapshot, rt.rules)
-    state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(body.model, decision, False, feats)
-    if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
-        raise no_candidates(decision, body.model, {}, frozenset())
-    routing = rt.config.routing
-    deadlines = Deadlines(
-        routing.first_token_timeout_s,
-        routing.answer_timeout_s,
-        routing.max_queue_wait_s * priority_factor(feats.priority),
-    )
-    results: dict[str, EmbedResult] = {}
-
-    async def embed_at(target: dispatch.Target, carrier: GenerationRequest) -> AsyncIterator[Chunk]:
-        backend = target.backend
-        if not isinstance(backend, Embedder):
-            raise BackendError(ErrorKind.INTERNAL, f"{target.name} is not an embedding engine")
-        result = await backend.embed(request)
-        results[target.name] = result
-        yield Chunk(finish_reason="stop", usage=Usage(result.prompt_tokens, 0))
-
-    carrier = GenerationRequest(ex.request_id, body.model, max_tokens=1, clock=request.clock)
-    targets = state.fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
-    try:
-        committed = await dispatch.start(targets, carrier, deadlines, life, feats.prompt_tokens, True, None, embed_at)
-    except BackendError as exc:
-        life.engine_wait_s = request.clock.waited_s
-        raise from_backend(exc) from exc
-    life.committed(committed)
-    result = results[committed.target.name]
-    doc = document(body, body.model, result, entry.matryoshka)
-    life.answered(Usage(result.prompt_tokens, 0))
-    payload = orjson.dumps(doc)
-    life.overhead_header(request.clock.waited_s)
-    await ex.respond(200, payload)

@@ -93,33 +93,38 @@ class Accounts:
         entry.breaker.failure()
 
     def note_context(self, entry: Entry, tokens: int | None, published: bool = True) -> None:
-        """The engine's own context: ``published`` by the engine (it replaces what was known), or named
-        by one of its context refusals (it only ever lowers what is known). Placement and the answer's
-        default length use it from the next request on; a context below the model entry's is logged."""
-        if not isinstance(tokens, int) or tokens <= 0:
-            return
-        known = entry.profile.context
-        if published:
-            if tokens == entry.published_context:
-                return  # read again at every poll: only a change (a relaunched engine) replaces what is known
-            entry.published_context = tokens
-        elif known is not None:
-            tokens = min(tokens, known)
-        if tokens == known:
-            return
-        entry.profile = with_context(entry.profile, tokens)
+        """``note_context`` with the entry's model as this fleet knows it."""
         model = self._models().get(entry.config.model)
-        if model is not None and tokens < model.context:
-            log.warning(
-                "backend %s serves %s with a context of %d tokens, smaller than the model entry's %d: "
-                "answers there are sized to %d tokens with their prompt (%s)",
-                entry.name, model.name, tokens, model.context, tokens,
-                "the engine says so" if published else "learned from the engine refusing a request",
-                extra={"backend": entry.name},
-            )  # fmt: skip
+        note_context(entry, tokens, published, model.context if model is not None else None)
 
 
 def _in_process(entry: Entry) -> bool:
     """An engine inside this process (CTranslate2, llama.cpp): every replica has its own under the same
     backend name, so what one sent to its engine says nothing of what another's holds."""
     return isinstance(entry.config, CTranslate2Config | LlamaCppConfig)
+
+
+def note_context(entry: Entry, tokens: int | None, published: bool = True, model_context: int | None = None) -> None:
+    """The engine's own context: ``published`` by the engine (it replaces what was known), or named
+    by one of its context refusals (it only ever lowers what is known). Placement and the answer's
+    default length use it from the next request on; a context below the model entry's is logged."""
+    if not isinstance(tokens, int) or tokens <= 0:
+        return
+    known = entry.profile.context
+    if published:
+        if tokens == entry.published_context:
+            return  # read again at every poll: only a change (a relaunched engine) replaces what is known
+        entry.published_context = tokens
+    elif known is not None:
+        tokens = min(tokens, known)
+    if tokens == known:
+        return
+    entry.profile = with_context(entry.profile, tokens)
+    if model_context is not None and tokens < model_context:
+        log.warning(
+            "backend %s serves %s with a context of %d tokens, smaller than the model entry's %d: "
+            "answers there are sized to %d tokens with their prompt (%s)",
+            entry.name, entry.config.model, tokens, model_context, tokens,
+            "the engine says so" if published else "learned from the engine refusing a request",
+            extra={"backend": entry.name},
+        )  # fmt: skip

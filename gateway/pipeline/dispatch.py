@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
 
@@ -39,21 +39,65 @@ class Target(Protocol):
     def backend(self) -> Backend: ...
 
 
-class Tracker(Protocol):
+T = TypeVar("T", bound=Target)
+"""The targets of one dispatch (the fleet's ``Entry`` in the gateway): its tracker and opening get them
+as they are, typed, never cast back."""
+T_contra = TypeVar("T_contra", bound=Target, contravariant=True)
+
+
+class Tracker(Protocol[T_contra]):
     """Who hears of every attempt as it happens: the request's lifecycle, which keeps the fleet's
     in-flight and prefill-backlog figures, the breakers, metrics and logs."""
 
-    def sending(self, target: Target, prompt_tokens: int) -> None: ...
+    def sending(self, target: T_contra, prompt_tokens: int) -> None: ...
 
-    def first_token(self, target: Target, prompt_tokens: int) -> None: ...
+    def first_token(self, target: T_contra, prompt_tokens: int) -> None: ...
 
-    def failed(self, target: Target, error: BackendError) -> None: ...
+    def failed(self, target: T_contra, error: BackendError) -> None: ...
 
-    def end(self, target: Target, prompt_tokens: int = 0) -> None: ...
+    def end(self, target: T_contra, prompt_tokens: int = 0) -> None: ...
 
-    def queued(self, target: Target) -> float | None:
+    def queued(self, target: T_contra) -> float | None:
         """The wait a request joining the target's queue would have now, None when it has no queue."""
         ...
+
+
+class Opening(Protocol[T_contra]):
+    """How an attempt starts a target's answer to the request the opening carries: generate (shaped
+    per backend by ``gateway.pipeline.shaping``), or embed. Every front door's answer is a ``Chunk``
+    stream; an embedding's is one chunk carrying its vectors."""
+
+    def open_at(self, target: T_contra) -> AsyncIterator[Chunk]: ...
+
+    def at_once(self, target: T_contra) -> bool:
+        """The target answers whole at once (``WholeAnswers``): its first chunk is the whole answer,
+        under the whole answer's deadline."""
+        ...
+
+
+@runtime_checkable
+class Reopening(Protocol[T_contra]):
+    """Optional, for an opening: one more try on the same target after it refused the request before its
+    first token, when the refusal says how to ask so that it fits (the answer's length, say); None: no."""
+
+    def reopen(self, target: T_contra, error: BackendError) -> AsyncIterator[Chunk] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """The plain opening: the backend's ``generate`` of one request."""
+
+    request: GenerationRequest
+
+    def open_at(self, target: Target) -> AsyncIterator[Chunk]:
+        return target.backend.generate(self.request)
+
+    def at_once(self, target: Target) -> bool:
+        return answers_whole(target.backend, self.request)
+
+
+def answers_whole(backend: Backend, request: GenerationRequest) -> bool:
+    return isinstance(backend, WholeAnswers) and backend.answers_whole(request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +113,8 @@ class Deadlines:
 
 
 @dataclass
-class Committed:
-    target: Target
+class Committed(Generic[T]):
+    target: T
     first: list[Chunk]
     """Chunks up to the commit point: the whole answer when it was collected whole."""
     rest: AsyncIterator[Chunk]
@@ -167,29 +211,18 @@ class _Watch:
         self._handle.cancel()
 
 
-Opener = Callable[[Target, GenerationRequest], AsyncIterator[Chunk]]
-"""How an attempt starts the target's answer: by default the backend's ``generate``; the gateway's
-shapes it per backend (``gateway.pipeline.shaping``)."""
-
-
-def _generate(target: Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
-    return target.backend.generate(request)
-
-
 async def _attempt(
-    target: Target,
-    request: GenerationRequest,
+    target: T,
+    opening: Opening[T],
     deadlines: Deadlines,
-    tracker: Tracker,
+    tracker: Tracker[T],
     tokens: int,
     whole: bool,
     answering: set[str] | None = None,
-    opener: Opener = _generate,
-) -> Committed:
+) -> Committed[T]:
     """One backend up to its commit point; any failure is reported, closes its stream and raises a
     ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
-    backend = target.backend
-    at_once = isinstance(backend, WholeAnswers) and backend.answers_whole(request)
+    at_once = opening.at_once(target)
     loop = asyncio.get_running_loop()
     now = loop.time()
     answer_at = now + deadlines.answer_s
@@ -197,12 +230,20 @@ async def _attempt(
     queue_at = now + deadlines.queue_s if deadlines.queue_s is not None and not at_once else None
     head: list[Chunk] = []
     tracker.sending(target, tokens)
-    stream = opener(target, request)
+    stream = opening.open_at(target)
     watch: _Watch | None = None
     try:
         async with asyncio.timeout(None) as timeout:
             watch = _Watch(loop, timeout, first_at, answer_at, queue_at, lambda: tracker.queued(target))
-            head = await _head(stream)
+            try:
+                head = await _head(stream)
+            except BackendError as refused:
+                again = opening.reopen(target, refused) if isinstance(opening, Reopening) else None
+                if again is None:
+                    raise
+                await _close(stream)
+                stream = again
+                head = await _head(stream)
             watch.first = True
             tracker.first_token(target, tokens)
             if answering is not None:
@@ -245,15 +286,14 @@ def _as_backend_error(exc: BaseException, name: str, phase: str, deadlines: Dead
 
 
 async def start(
-    targets: Sequence[Target],
-    request: GenerationRequest,
+    targets: Sequence[T],
+    opening: Opening[T],
     deadlines: Deadlines,
-    tracker: Tracker,
+    tracker: Tracker[T],
     prompt_tokens: int,
     whole: bool = False,
     hedge_after: float | None = None,
-    opener: Opener = _generate,
-) -> Committed:
+) -> Committed[T]:
     """Commit to the first target that answers; raise the last error if none does (its ``failures``
     list every failed attempt).
 
@@ -266,18 +306,18 @@ async def start(
     if hedge_after is None or len(queue) < 2:
         for target in queue:
             try:
-                committed = await _attempt(target, request, deadlines, tracker, prompt_tokens, whole, None, opener)
+                committed = await _attempt(target, opening, deadlines, tracker, prompt_tokens, whole)
             except BackendError as exc:
                 _note(failures, target.name, exc)
                 continue
             return committed
         raise _exhausted(failures)
-    running: dict[asyncio.Task[Committed], Target] = {}
+    running: dict[asyncio.Task[Committed[T]], T] = {}
     answering: set[str] = set()
 
     def launch() -> None:
         target = queue.pop(0)
-        attempt = _attempt(target, request, deadlines, tracker, prompt_tokens, whole, answering, opener)
+        attempt = _attempt(target, opening, deadlines, tracker, prompt_tokens, whole, answering)
         running[asyncio.ensure_future(attempt)] = target
 
     try:

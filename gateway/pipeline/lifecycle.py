@@ -15,13 +15,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from backends.base import BackendError, ErrorKind, Usage
 from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError
 from gateway.http.exchange import ClientGone
-from gateway.pipeline.dispatch import Committed, Target
+from gateway.pipeline.dispatch import Committed
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
@@ -77,18 +77,17 @@ class RequestLife:
         return self.failures[-1][0] if self.failures else self._tried
 
     # The dispatcher's tracker: every attempt, as it happens.
-    def sending(self, target: Target, prompt_tokens: int) -> None:
+    def sending(self, target: Entry, prompt_tokens: int) -> None:
         self.attempts += 1
         self._tried = target.name
-        entry = cast(Entry, target)
         f = self.features
         if f is not None and f.prefix_blocks:
             # Only the prompt tokens not expected in the engine's cache wait to be prefilled there.
             cached = self._predicted(target.name)
             blocks = min(len(f.prefix_blocks), int(cached / f.block_tokens)) if f.block_tokens > 0 else 0
-            self._sent[target.name] = (prompt_tokens - cached, self.state.fleet.accounts.remember(entry, f, blocks))
+            self._sent[target.name] = (prompt_tokens - cached, self.state.fleet.accounts.remember(target, f, blocks))
             prompt_tokens -= cached
-        self.state.fleet.accounts.sending(entry, prompt_tokens)
+        self.state.fleet.accounts.sending(target, prompt_tokens)
 
     def _predicted(self, backend: str) -> int:
         decision = self.decision
@@ -96,24 +95,23 @@ class RequestLife:
             return 0
         return next((c.prediction.cached_tokens for c in decision.candidates if c.backend == backend), 0)
 
-    def _fresh(self, target: Target, prompt_tokens: int) -> int:
+    def _fresh(self, target: Entry, prompt_tokens: int) -> int:
         sent = self._sent.get(target.name)
         return sent[0] if sent is not None and prompt_tokens else prompt_tokens
 
-    def first_token(self, target: Target, prompt_tokens: int) -> None:
+    def first_token(self, target: Entry, prompt_tokens: int) -> None:
         # When each attempt's first token came: a whole answer commits at its end, but its time to
         # first token (what the estimator learns and the histogram shows) is this moment.
         self._firsts[target.name] = time.perf_counter()
-        self.state.fleet.accounts.first_token(cast(Entry, target), self._fresh(target, prompt_tokens))
+        self.state.fleet.accounts.first_token(target, self._fresh(target, prompt_tokens))
 
-    def failed(self, target: Target, error: BackendError) -> None:
+    def failed(self, target: Entry, error: BackendError) -> None:
         self.failures.append((target.name, error))
         self.state.metrics.attempt(target.name, error.kind.value)
-        entry = cast(Entry, target)
         # A timeout on an engine that is queueing is its queue, not a fault: its breaker stays shut.
-        queueing = error.kind is ErrorKind.TIMEOUT and self.state.fleet.queue_wait_s(entry) is not None
+        queueing = error.kind is ErrorKind.TIMEOUT and self.state.fleet.queue_wait_s(target) is not None
         if error.engine_fault and not queueing:
-            self.state.fleet.accounts.failed(entry)
+            self.state.fleet.accounts.failed(target)
         log.warning(
             "attempt failed",
             extra={
@@ -124,11 +122,11 @@ class RequestLife:
             },
         )
 
-    def end(self, target: Target, prompt_tokens: int = 0) -> None:
-        self.state.fleet.accounts.end(cast(Entry, target), self._fresh(target, prompt_tokens))
+    def end(self, target: Entry, prompt_tokens: int = 0) -> None:
+        self.state.fleet.accounts.end(target, self._fresh(target, prompt_tokens))
 
-    def queued(self, target: Target) -> float | None:
-        return self.state.fleet.queue_wait_s(cast(Entry, target))
+    def queued(self, target: Entry) -> float | None:
+        return self.state.fleet.queue_wait_s(target)
 
     # How the request goes on and ends.
     def routed(self, model: str, decision: Decision, stream: bool, features: RequestFeatures | None = None) -> None:
@@ -137,9 +135,8 @@ class RequestLife:
         if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
 
-    def committed(self, committed: Committed) -> None:
+    def committed(self, committed: Committed[Entry]) -> None:
         entry = committed.target
-        assert isinstance(entry, Entry)
         self.entry = entry
         self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started

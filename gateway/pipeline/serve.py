@@ -1,8 +1,13 @@
-"""The two generation routes, ``/v1/chat/completions`` and ``/v1/completions``.
+"""One pipeline for every front door: chat, completions, Responses, Messages and embeddings.
 
-One flow for both: read and validate the body, compute routing features,
-``choose()``, dispatch, then answer as JSON or as SSE. Errors before the
-commit point are HTTP errors; after it, an SSE error event and ``[DONE]``.
+Authenticate, read the body, let the door understand it as ``Work``, check the model, measure the
+request's routing features, admit it (tenancy), ``choose()``, refuse it when no backend takes it,
+dispatch it with failover under its deadlines, then answer as JSON or as SSE. Errors before the
+commit point are HTTP errors; after it, an SSE error event and ``[DONE]``. ``RequestLife`` records
+how the request ended, whichever way that is.
+
+The generation doors' work is ``Generation`` (below): a ``Surface``'s request, its prompt measured
+for routing, generated on a target with the gateway's per-backend shaping.
 """
 
 from __future__ import annotations
@@ -10,94 +15,146 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import replace
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from backends.base import BackendError, Chunk, GenerationRequest, Usage
+from backends.base import BackendError, Chunk, EngineClock, GenerationRequest, Usage
 from backends.capabilities import needs, without
-from gateway.http.errors import ApiError, clip, error_for_json, from_backend, model_not_found
+from gateway.config import LimitsConfig
+from gateway.fleet.accounting import note_context
+from gateway.fleet.entry import Entry
+from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
-from gateway.pipeline.dispatch import Deadlines
+from gateway.pipeline.dispatch import Committed, Deadlines, answers_whole
 from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound
-from gateway.pipeline.surfaces import Answer, Surface, UsageTotal
+from gateway.pipeline.refusals import no_candidates
+from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
+from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, UsageTotal, Work
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
-from routing.types import Decision, FleetSnapshot, Reason
+from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 if TYPE_CHECKING:
-    from gateway.fleet.entry import Entry
-    from gateway.state import AppState
+    from gateway.state import AppState, Runtime
+    from gateway.tenancy.gate import Tenancy
+    from gateway.tenancy.keys import KeyRecord
 
 log = logging.getLogger("enginegate.request")
 
 
-def _unsupported(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
-    """400 naming the field no backend serving the model can honour (which backend lacks what is the
-    operator's to read, in ``/admin/route/explain``: backend names are not shown to clients)."""
-    lacks = decision.lacks
-    for extra in sorted(extras):
-        if all(extra in items for items in lacks.values()):
-            return ApiError(
-                400,
-                f"Unrecognized request argument supplied: {clip(extra)} (no backend serving `{model}` understands it).",
-                param=clip(extra),
-                code="unknown_parameter",
-            )
-    for feature, param in wanted.items():
-        if all(feature in items for items in lacks.values()):
-            return ApiError(
-                400,
-                f"'{param}' cannot be honoured for `{model}`: no backend serving it supports {feature}.",
-                param=param,
-                code="unsupported_parameter",
-            )
-    params = sorted({wanted.get(item, item) for items in lacks.values() for item in items})
-    return ApiError(
-        400,
-        f"No backend serving `{model}` supports all of {', '.join(clip(p) for p in params)} together.",
-        param=clip(params[0]) if params else None,
-        code="unsupported_parameter",
-    )
+async def serve(
+    ex: Exchange, headers: Mapping[str, str], state: AppState, door: Door, received: float | None = None
+) -> None:
+    """Answer one request of ``door`` on ``ex``; errors before the answer starts raise ``ApiError``.
+    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known.
+    The request's ``RequestLife`` records how it ended, whichever way that is."""
+    started = received if received is not None else time.perf_counter()
+    life = RequestLife(state, door.route, ex, started)
+    await life.run(_serve(ex, headers, state, door, life))
 
 
-def no_candidates(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:
-    if decision.reason is Reason.NO_BACKEND_FOR_MODEL:
-        return model_not_found(model)
-    if decision.reason is Reason.UNSUPPORTED:
-        return _unsupported(decision, model, wanted, extras)
-    if decision.reason is Reason.BUDGET_UNMEETABLE:
-        return ApiError(
-            429,
-            f"No backend serving `{model}` is predicted to meet this request's latency budget.",
-            type="rate_limit_error",
-            code="budget_unmeetable",
-            retry_after=decision.retry_after_s or 1.0,
+async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door: Door, life: RequestLife) -> None:
+    rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
+    tenancy = state.tenancy  # None without API keys: nothing below costs anything then
+    key = await tenancy.authenticate(headers.get("authorization")) if tenancy is not None else None
+    work = door.understood(await _json(ex, headers, rt.config.limits), rt, ex.request_id)
+    if work.model not in rt.model_names:
+        raise model_not_found(work.model)
+    life.model = work.model
+    life.caller = work.caller
+    snapshot = state.fleet.snapshot()
+    try:
+        feats = await work.features(ex, rt, snapshot, headers)
+    except InvalidHeader as exc:
+        raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
+    if key is not None and tenancy is not None:
+        feats = await _admit(tenancy, key, rt, work, feats, snapshot, "x-priority" in headers, life)
+    decision = _route(state, rt, feats, snapshot, work, life)
+    if key is not None and tenancy is not None:
+        tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
+    committed = await _dispatch(state, rt, work, feats, decision, life)
+    life.committed(committed)
+    answer = work.events
+    if answer is not None:
+        # A stream's headers go out with its first token: what the gateway added up to there.
+        life.overhead_header(work.clock.waited_s)
+        ex.failure = answer.failure  # a shutdown that cuts the stream ends it in this front door's events
+        await _stream(ex, committed, answer, life)
+        return
+    doc, usage = work.whole(committed.first)  # a whole answer: dispatch read it to its end
+    life.answered(usage)
+    payload = orjson.dumps(doc)
+    life.overhead_header(work.clock.waited_s)
+    await ex.respond(200, payload)
+
+
+async def _json(ex: Exchange, headers: Mapping[str, str], limits: LimitsConfig) -> Any:
+    raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
+    ex.watch()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise error_for_json(exc) from None
+
+
+async def _admit(
+    tenancy: Tenancy,
+    key: KeyRecord,
+    rt: Runtime,
+    work: Work,
+    feats: RequestFeatures,
+    snapshot: FleetSnapshot,
+    explicit_priority: bool,
+    life: RequestLife,
+) -> RequestFeatures:
+    """Scope, limits and budget of the caller's key, before any backend is chosen."""
+    spec = snapshot.models.get(work.model)
+    cap, estimated = work.admission(rt.config.limits)
+    context = spec.context if spec is not None else None
+    admitted = await tenancy.admit(key, feats, life, explicit_priority, cap, context, estimated)
+    work.admitted(admitted)
+    return admitted
+
+
+def _route(
+    state: AppState, rt: Runtime, feats: RequestFeatures, snapshot: FleetSnapshot, work: Work, life: RequestLife
+) -> Decision:
+    """``choose()``, counted and told (``x-enginegate-route``); a refusal when no backend takes it."""
+    decision = choose(feats, snapshot, rt.rules)
+    state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
+    life.routed(work.model, decision, work.events is not None, feats)
+    if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
+        # The client is told why without backend names; the log has each backend's reason.
+        log.info(
+            "no backend can take the request", extra={"request_id": life.ex.request_id, "excluded": decision.excluded}
         )
-    if decision.reason is Reason.OVERLOADED:
-        return ApiError(
-            503,
-            f"Every backend serving `{model}` is at capacity; retry after the Retry-After interval.",
-            type="api_error",
-            code="overloaded",
-            retry_after=decision.retry_after_s or 1.0,
-        )
-    if decision.reason is Reason.NOTHING_FITS:
-        # Why each backend cannot take it, without the backends' (or the rules') names.
-        why = "; ".join(sorted({"a routing rule" if t.startswith("rule ") else t for t in decision.excluded.values()}))
-        return ApiError(400, f"No backend can hold this request for `{model}` ({why}).", code="context_length_exceeded")
-    return ApiError(
-        503,
-        f"No healthy backend serves `{model}` right now.",
-        type="api_error",
-        code="no_backend_available",
-        retry_after=1.0,
+        raise work.refusal(decision)
+    return decision
+
+
+async def _dispatch(
+    state: AppState, rt: Runtime, work: Work, feats: RequestFeatures, decision: Decision, life: RequestLife
+) -> Committed[Entry]:
+    """The candidates in order (or hedged) until one commits, under the request's deadlines."""
+    routing = rt.config.routing
+    deadlines = Deadlines(
+        routing.first_token_timeout_s,
+        routing.answer_timeout_s,
+        routing.max_queue_wait_s * priority_factor(feats.priority),
     )
+    hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
+    targets = state.fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
+    whole = work.events is None  # an answer sent whole commits at its end
+    try:
+        return await dispatch.start(targets, work, deadlines, life, feats.prompt_tokens, whole, hedge_after)
+    except BackendError as exc:
+        life.engine_wait_s = work.clock.waited_s
+        raise from_backend(exc) from exc
 
 
 def prompt_texts(req: GenerationRequest) -> list[str]:
@@ -113,51 +170,60 @@ def prompt_texts(req: GenerationRequest) -> list[str]:
     return texts
 
 
-async def serve(
-    ex: Exchange, headers: Mapping[str, str], state: AppState, surface: Surface, received: float | None = None
-) -> None:
-    """Answer one generation request on ``ex``; errors before the answer starts raise ``ApiError``.
-    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known.
-    The request's ``RequestLife`` records how it ended, whichever way that is."""
-    started = received if received is not None else time.perf_counter()
-    life = RequestLife(state, surface.route, ex, started)
-    await life.run(_serve(ex, headers, state, surface, life))
+@dataclass(frozen=True, slots=True)
+class Generating:
+    """A generation ``Surface`` as the pipeline's door: its requests are ``Generation`` work."""
+
+    surface: Surface
+
+    @property
+    def route(self) -> str:
+        return self.surface.route
+
+    def understood(self, data: Any, rt: Runtime, request_id: str) -> Generation:
+        return Generation(self.surface, self.surface.asked(data, rt.config.limits, request_id), request_id, rt)
+
+    def error_body(self, error: ApiError) -> bytes:
+        return self.surface.error_body(error)
 
 
-async def _serve(
-    ex: Exchange, headers: Mapping[str, str], state: AppState, surface: Surface, life: RequestLife
-) -> None:
-    rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
-    limits = rt.config.limits
-    tenancy = state.tenancy  # None without API keys: nothing below costs anything then
-    key = await tenancy.authenticate(headers.get("authorization")) if tenancy is not None else None
-    raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
-    ex.watch()
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise error_for_json(exc) from None
-    asked = surface.asked(data, limits, ex.request_id)
-    gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
-    if gen.model not in rt.model_names:
-        raise model_not_found(gen.model)
-    life.model = gen.model
-    life.caller = asked.caller
-    fleet = state.fleet
-    snapshot = fleet.snapshot()
-    wanted = needs(gen)
-    extras = frozenset(gen.extra)
-    if (wanted or extras) and rt.config.routing.drop_unsupported:
-        gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
-    _check_extras(gen)
-    try:
+class Generation:
+    """A generation request (chat, completions, Responses, Messages) as the pipeline carries it: its
+    prompt measured for routing, generated on each target with the gateway's shaping for that backend."""
+
+    def __init__(self, surface: Surface, asked: Asked, request_id: str, rt: Runtime) -> None:
+        self._surface, self._asked, self._request_id = surface, asked, request_id
+        self.gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
+        self.model = self.gen.model
+        self.stream = asked.stream
+        self.events: Answer | None = surface.answer(asked, request_id) if asked.stream else None
+        self.caller = asked.caller
+        self.clock: EngineClock = self.gen.clock  # shared by every copy of the request
+        self.wanted: dict[str, str] = {}
+        self.extras: frozenset[str] = frozenset()
+        self.exact: int | None = None
+        self.cap = rt.config.limits.max_tokens
+        self.model_context = 0
+        self.prompt_tokens = 0
+        self.recount: Recount | None = None
+        self.bound = 0
+
+    async def features(
+        self, ex: Exchange, rt: Runtime, snapshot: FleetSnapshot, headers: Mapping[str, str]
+    ) -> RequestFeatures:
+        gen = self.gen
+        wanted = needs(gen)
+        extras = frozenset(gen.extra)
+        if (wanted or extras) and rt.config.routing.drop_unsupported:
+            gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
+        self.gen, self.wanted, self.extras = gen, wanted, extras
+        _check_extras(gen)
         exact, token_ids = await rt.measure(gen, snapshot)
-        stream = asked.stream
         feats = features(
             gen.model,
             prompt_texts(gen),
             gen.max_tokens,
-            stream,
+            self.stream,
             headers,
             exact,
             random.random(),
@@ -168,70 +234,47 @@ async def _serve(
             block_bytes=rt.block_bytes,
             token_ids=token_ids,
         )
-    except InvalidHeader as exc:
-        raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-    spec = snapshot.models.get(gen.model)  # the model's figures as this request's snapshot has them
-    if key is not None and tenancy is not None:  # scope, limits and budget, before any backend is chosen
-        context = spec.context if spec is not None else None
-        estimated = None if exact is not None else len(gen.messages or ((),))  # messages when counted roughly
-        feats = await tenancy.admit(key, feats, life, "x-priority" in headers, limits.max_tokens, context, estimated)
-        if gen.max_tokens is None and feats.max_tokens is not None:  # the key's token limit bounds the answer
-            gen = replace(gen, max_tokens=feats.max_tokens)
-    decision = choose(feats, snapshot, rt.rules)
-    state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(gen.model, decision, stream, feats)
-    if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
-        # The client is told why without backend names; the log has each backend's reason.
-        log.info("no backend can take the request", extra={"request_id": ex.request_id, "excluded": decision.excluded})
-        raise no_candidates(decision, gen.model, wanted, extras)
-    if key is not None and tenancy is not None:
-        tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
-    answer = surface.answer(asked, ex.request_id)
-    routing = rt.config.routing
-    deadlines = Deadlines(
-        routing.first_token_timeout_s,
-        routing.answer_timeout_s,
-        routing.max_queue_wait_s * priority_factor(feats.priority),
-    )
-    hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
-    targets = fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
-    assert spec is not None  # choose() found candidates, so the snapshot knows the model
-    model_context = spec.context
-    prompt_tokens = feats.prompt_tokens
-    bound = prompt_bound(gen, exact)  # the prompt as the engine will count it, erring long
+        spec = snapshot.models.get(gen.model)  # the model's figures as this request's snapshot has them
+        self.exact, self.prompt_tokens = exact, feats.prompt_tokens
+        self.bound = prompt_bound(gen, exact)  # the prompt as the engine will count it, erring long
+        self.model_context = spec.context if spec is not None else 0  # a model with candidates has its figures
+        counter = rt.counters.get(gen.model)
+        self.recount = Recount(exact, counter.count_text) if counter is not None else None
+        return feats
 
-    counter = rt.counters.get(gen.model)
-    recount = Recount(exact, counter.count_text) if counter is not None else None
+    def admission(self, limits: LimitsConfig) -> tuple[int, int | None]:
+        gen = self.gen
+        return limits.max_tokens, None if self.exact is not None else len(gen.messages or ((),))  # messages: rough
 
-    def open_answer_at(target: dispatch.Target, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        entry = cast("Entry", target)
+    def admitted(self, features: RequestFeatures) -> None:
+        if self.gen.max_tokens is None and features.max_tokens is not None:  # the key's token limit bounds the answer
+            self.gen = replace(self.gen, max_tokens=features.max_tokens)
+
+    def refusal(self, decision: Decision) -> ApiError:
+        return no_candidates(decision, self.model, self.wanted, self.extras)
+
+    def open_at(self, target: Entry) -> AsyncIterator[Chunk]:
+        request = self.gen
         if request.max_tokens is not None:  # the client's: the engine's word on it is the client's answer
-            return open_answer(entry.backend, entry.capabilities, request, recount)
-        context = entry.context(model_context)
-        learned = partial(fleet.accounts.note_context, entry, published=False)
-        return open_sized(
-            entry.backend, entry.capabilities, request, limits.max_tokens, context, bound, learned, recount
-        )
+            return open_answer(target.backend, target.capabilities, request, self.recount)
+        context = target.context(self.model_context)
+        return open_sized(target.backend, target.capabilities, request, self.cap, context, self.bound, self.recount)
 
-    try:
-        committed = await dispatch.start(
-            targets, gen, deadlines, life, prompt_tokens, not stream, hedge_after, open_answer_at
-        )
-    except BackendError as exc:
-        life.engine_wait_s = gen.clock.waited_s
-        raise from_backend(exc) from exc
-    life.committed(committed)
-    if stream:
-        # A stream's headers go out with its first token: what the gateway added up to there.
-        life.overhead_header(gen.clock.waited_s)
-        ex.failure = answer.failure  # a shutdown that cuts the stream ends it in this front door's events
-        await _stream(ex, _events(committed, answer, life))
-        return
-    doc, usage = answer.whole(committed.first)  # a whole answer: dispatch read it to its end
-    life.answered(usage)
-    payload = orjson.dumps(doc)
-    life.overhead_header(gen.clock.waited_s)
-    await ex.respond(200, payload)
+    def reopen(self, target: Entry, error: BackendError) -> AsyncIterator[Chunk] | None:
+        """The engine refused the answer length the gateway chose (``open_sized``) as too long: once more,
+        sized to what its refusal says is left; the fleet keeps the limit it named."""
+        if self.gen.max_tokens is not None:
+            return None
+        learned = partial(note_context, target, published=False, model_context=self.model_context)
+        context = target.context(self.model_context)
+        request = resized(self.gen, self.cap, context, self.bound, error, learned)
+        return None if request is None else open_answer(target.backend, target.capabilities, request, self.recount)
+
+    def at_once(self, target: Entry) -> bool:
+        return answers_whole(target.backend, self.gen)
+
+    def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
+        return self._surface.answer(self._asked, self._request_id).whole(chunks)
 
 
 def _check_extras(gen: GenerationRequest) -> None:
@@ -271,46 +314,77 @@ def _drop_unsupported(
     return gen, needs(gen), extras - set(dropped_extras)
 
 
-async def _stream(ex: Exchange, events: AsyncGenerator[bytes, None]) -> None:
+class _Events:
+    """A stream's events as its chunks come: those of chunks that arrived together go out in one write."""
+
+    __slots__ = ("_answer", "_held", "_total", "usage")
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self._held = answer.opening()
+        self._total = UsageTotal()
+        self.usage: Usage | None = None
+
+    def add(self, chunk: Chunk) -> bytes | None:
+        """The bytes to write now, if any."""
+        if chunk.usage is not None:
+            self._total.add(chunk)
+            self.usage = self._total.usage
+        data = self._answer.chunk(chunk)
+        if data is not None:
+            self._held.append(data)
+        if self._held and not chunk.more:
+            out = b"".join(self._held)
+            self._held = []
+            return out
+        return None
+
+    def closing(self) -> bytes:
+        return b"".join(self._held) + self._answer.closing(self.usage)
+
+    def failed(self, error: ApiError) -> bytes:
+        """What arrived before the failure, then why."""
+        return b"".join(self._held) + self._answer.failure(error)
+
+
+async def _stream(ex: Exchange, committed: Committed[Entry], answer: Answer, life: RequestLife) -> None:
+    """The committed answer as SSE, read and written in this one coroutine (no generator between
+    the backend's stream and the socket). A failure of the engine or of the gateway ends the stream
+    in an error event; the client leaving (the write raises, or the task is cancelled) does not."""
+    events = _Events(answer)
+    result = "cancelled"
+    failure: BackendError | None = None
+    writing = False  # an exception while writing is the client's side: it goes on, counted as cancelled
     try:
         await ex.start_stream()
-        async for data in events:
-            await ex.stream(data)
-        await ex.end_stream()
-    finally:  # also on cancellation: closing the events closes the backend stream
-        await events.aclose()
-
-
-async def _events(committed: dispatch.Committed, answer: Answer, life: RequestLife) -> AsyncGenerator[bytes, None]:
-    result = "cancelled"
-    usage: Usage | None = None
-    failure: BackendError | None = None
-    held = answer.opening()  # events of chunks that arrived together go out in one write
-    total = UsageTotal()
-    try:
-        async for chunk in committed.chunks():
-            if chunk.usage is not None:
-                total.add(chunk)
-                usage = total.usage
-            data = answer.chunk(chunk)
-            if data is not None:
-                held.append(data)
-            if held and not chunk.more:
-                yield b"".join(held)
-                held = []
-        result = "ok"
-        yield b"".join(held) + answer.closing(usage)
-    except BackendError as exc:
-        result, failure = "error", exc
-        yield b"".join(held) + answer.failure(from_backend(exc))  # what arrived before the failure, then why
-    except Exception:  # never a silent close: the client gets an error event and [DONE]
-        result = "error"
-        log.exception("the gateway failed while streaming", extra={"request_id": life.ex.request_id})
-        failed = ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error")
-        yield b"".join(held) + answer.failure(failed)
-    finally:
+        try:
+            for chunk in committed.first:
+                data = events.add(chunk)
+                if data is not None:
+                    writing = True
+                    await ex.stream(data)
+                    writing = False
+            async for chunk in committed.rest:
+                data = events.add(chunk)
+                if data is not None:
+                    writing = True
+                    await ex.stream(data)
+                    writing = False
+            result, tail = "ok", events.closing()
+        except BackendError as exc:
+            result, failure, tail = "error", exc, events.failed(from_backend(exc))
+        except Exception:  # never a silent close: the client gets an error event and [DONE]
+            if writing:
+                raise
+            result = "error"
+            log.exception("the gateway failed while streaming", extra={"request_id": life.ex.request_id})
+            failed = ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error")
+            tail = events.failed(failed)
+        await ex.stream(tail)
+    finally:  # also on cancellation: closing the committed answer closes the backend stream
         await committed.aclose()
         if result == "error":
-            life.broke(failure, usage)
+            life.broke(failure, events.usage)
         else:
-            life.answered(usage, cancelled=result == "cancelled")
+            life.answered(events.usage, cancelled=result == "cancelled")
+    await ex.end_stream()

@@ -105,12 +105,10 @@ def open_sized(
     cap: int,
     context: int,
     prompt_tokens: int,
-    learned: Callable[[int], None],
     recount: Recount | None = None,
 ) -> AsyncIterator[Chunk]:
     """``open_answer`` with the answer's length the gateway's to choose (the client set none): sized to
-    ``context`` (``default_length``), and sized once more to what the engine says when it refuses that
-    as too long; ``learned`` hears the context limit such a refusal names."""
+    ``context`` (``default_length``); ``resized`` sizes it once more when the engine refuses that."""
     sized = default_length(request, cap, context, prompt_tokens)
     min_tokens = request.extra.get("min_tokens")
     if type(min_tokens) is int and sized.max_tokens is not None and min_tokens > sized.max_tokens:
@@ -122,7 +120,29 @@ def open_sized(
                 param="min_tokens",
             )
         )
-    return _resized(backend, caps, sized, cap, prompt_tokens, learned, recount)
+    return open_answer(backend, caps, sized, recount)
+
+
+def resized(
+    request: GenerationRequest,
+    cap: int,
+    context: int,
+    prompt_tokens: int,
+    error: BackendError,
+    learned: Callable[[int], None],
+) -> GenerationRequest | None:
+    """After the engine refused the length ``open_sized`` chose as too long: the request sized to what
+    its refusal says is left (``learned`` hears the limit it names), or None when it says nothing usable.
+    Dispatch makes that one more attempt on the same backend, before any other."""
+    if error.kind is not ErrorKind.CONTEXT_LENGTH:
+        return None
+    limit, prompt = context_figures(error.detail)
+    if limit is None:
+        return None
+    learned(limit)
+    sized = default_length(request, cap, context, prompt_tokens)
+    room = _smaller(limit, prompt, sized, cap, prompt_tokens)
+    return None if room is None else replace(sized, max_tokens=room)
 
 
 async def _refused(error: BackendError) -> AsyncIterator[Chunk]:
@@ -135,44 +155,6 @@ def _smaller(limit: int, prompt: int | None, request: GenerationRequest, cap: in
     gateway's count), when that is shorter than what ``request`` asked and leaves at least one token."""
     room = min(cap, limit - (counted if prompt is None else prompt))
     return room if request.max_tokens is not None and 0 < room < request.max_tokens else None
-
-
-async def _resized(
-    backend: Backend,
-    caps: Capabilities,
-    request: GenerationRequest,
-    cap: int,
-    prompt_tokens: int,
-    learned: Callable[[int], None],
-    recount: Recount | None,
-) -> AsyncIterator[Chunk]:
-    stream = open_answer(backend, caps, request, recount)
-    try:
-        try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            return
-        except BackendError as exc:
-            if exc.kind is not ErrorKind.CONTEXT_LENGTH:
-                raise
-            limit, prompt = context_figures(exc.detail)
-            if limit is None:
-                raise
-            learned(limit)
-            room = _smaller(limit, prompt, request, cap, prompt_tokens)
-            if room is None:
-                raise
-            await _close(stream)
-            stream = open_answer(backend, caps, replace(request, max_tokens=room), recount)
-            try:
-                first = await anext(stream)
-            except StopAsyncIteration:
-                return
-        yield first
-        async for chunk in stream:
-            yield chunk
-    finally:
-        await _close(stream)
 
 
 def open_answer(

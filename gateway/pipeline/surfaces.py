@@ -1,19 +1,35 @@
-"""What the pipeline asks of a front door: each API surface (``gateway/doors``) turns its own request
-body into one ``GenerationRequest`` and the chunks of the answer back into its own documents and
-stream events. Routing, capabilities, dispatch, failover, deadlines, metrics and logs are the same
-for every surface (``gateway.pipeline.serve``).
+"""What the pipeline asks of a front door.
 
-A ``Surface`` is stateless and shared; its ``Answer`` belongs to one request.
+A ``Door`` turns its decoded body into ``Work``: the request as the pipeline carries it, whatever
+the door. Work says what routing measures of it (its features), how a target answers it (it is the
+dispatch's ``Opening``: generate, or embed) and how the answer reads in the door's shapes (a whole
+document, or stream events). Authentication, the model check, tenancy admission, ``choose()``,
+refusals, deadlines, dispatch with failover, metrics and logs are the same for every door
+(``gateway.pipeline.serve``).
+
+The generation doors (chat, completions, Responses, Messages) share one kind of work
+(``gateway.pipeline.serve.Generation``) and differ only in a ``Surface``: its own request body into
+one ``GenerationRequest``, and the answer's chunks back into its own documents and stream events.
+Embeddings bring their own (``gateway.doors.embeddings``).
+
+A ``Door`` or ``Surface`` is stateless and shared; ``Work`` and an ``Answer`` belong to one request.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from backends.base import Chunk, GenerationRequest, Usage
+from backends.base import Chunk, EngineClock, GenerationRequest, Usage
 from gateway.config import LimitsConfig
 from gateway.http.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.fleet.entry import Entry
+    from gateway.http.exchange import Exchange
+    from gateway.state import Runtime
+    from routing.types import Decision, FleetSnapshot, RequestFeatures
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +79,71 @@ class Surface(Protocol):
 
     def error_body(self, error: ApiError) -> bytes:
         """An HTTP error's body in the surface's error shape."""
+        ...
+
+
+class Work(Protocol):
+    """One request as the pipeline carries it (and the dispatch's ``Opening`` of it on a target)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def events(self) -> Answer | None:
+        """A streamed answer's events; None: the answer goes whole (``whole``)."""
+        ...
+
+    @property
+    def caller(self) -> dict[str, Any]:
+        """What the client said about itself (logged with the request)."""
+        ...
+
+    @property
+    def clock(self) -> EngineClock:
+        """The time the request waited on engines (the overhead header leaves it out)."""
+        ...
+
+    async def features(
+        self, ex: Exchange, rt: Runtime, snapshot: FleetSnapshot, headers: Mapping[str, str]
+    ) -> RequestFeatures:
+        """What routing measures of the request; raises ``ApiError`` (400) for what none can take."""
+        ...
+
+    def admission(self, limits: LimitsConfig) -> tuple[int, int | None]:
+        """For tenancy's reservation: the most the answer may take when the request sets no length,
+        and the prompt's rough size when it was not counted exactly (None: counted)."""
+        ...
+
+    def admitted(self, features: RequestFeatures) -> None:
+        """The features tenancy admitted (the key's token limit may bound the answer)."""
+        ...
+
+    def refusal(self, decision: Decision) -> ApiError:
+        """The client's error when no backend takes the request."""
+        ...
+
+    def open_at(self, target: Entry) -> AsyncIterator[Chunk]: ...
+
+    def at_once(self, target: Entry) -> bool: ...
+
+    def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
+        """The complete answer's document and the usage it reports."""
+        ...
+
+
+class Door(Protocol):
+    @property
+    def route(self) -> str:
+        """The metrics' and logs' route label."""
+        ...
+
+    def understood(self, data: Any, rt: Runtime, request_id: str) -> Work:
+        """The decoded JSON body as work; raises ``ApiError`` (400) for a bad one. The pipeline
+        refuses a model the configuration does not name."""
+        ...
+
+    def error_body(self, error: ApiError) -> bytes:
+        """An HTTP error's body in the door's error shape."""
         ...
 
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from backends.llama_server import LlamaServerBackend
 from backends.tgi import TgiBackend
 from backends.vllm import VLLMBackend
 from gateway.config import load_config
-from gateway.pipeline.shaping import open_sized, prompt_bound
+from gateway.pipeline.shaping import open_answer, open_sized, prompt_bound, resized
 from gateway.state import AppState
 from tests.conftest import ROOT, write_config
 from tests.contract import fake_vllm
@@ -224,6 +224,24 @@ async def collect(stream: AsyncIterator[Chunk]) -> list[Chunk]:
     return [c async for c in stream]
 
 
+def sized_answer(
+    engine: Refusing, request: GenerationRequest, cap: int, context: int, prompt: int, learned: Callable[[int], None]
+) -> list[Chunk]:
+    """What dispatch does with a length the gateway chose: ``open_sized``, and after a refusal one more
+    try sized by ``resized`` (``Generation.reopen``), else the refusal."""
+
+    async def run() -> list[Chunk]:
+        try:
+            return await collect(open_sized(engine, PLAIN, request, cap, context, prompt))  # type: ignore[arg-type]
+        except BackendError as exc:
+            again = resized(request, cap, context, prompt, exc, learned)
+            if again is None:
+                raise
+            return await collect(open_answer(engine, PLAIN, again))  # type: ignore[arg-type]
+
+    return asyncio.run(run())
+
+
 VLLM_TOO_LARGE = (
     "'max_tokens' or 'max_completion_tokens' is too large: 8150. This model's maximum context length is 1024 "
     "tokens and your request has 30 input tokens (8150 > 1024 - 30)."
@@ -232,12 +250,12 @@ VLLM_TOO_LARGE = (
 
 def test_a_length_the_engine_refuses_is_sized_once_more_to_what_it_says() -> None:
     engine, learned = Refusing(VLLM_TOO_LARGE), list[int]()
-    chunks = asyncio.run(collect(open_sized(engine, PLAIN, chat("Hello"), 32768, 8192, 42, learned.append)))  # type: ignore[arg-type]
+    chunks = sized_answer(engine, chat("Hello"), 32768, 8192, 42, learned.append)
     assert [c.text for c in chunks] == ["ok", ""]
     assert engine.asked == [8192 - 42, 1024 - 30]
     assert learned == [1024]
     capped = Refusing(VLLM_TOO_LARGE, refusals=0)
-    asyncio.run(collect(open_sized(capped, PLAIN, chat("Hello"), 100, 8192, 42, learned.append)))  # type: ignore[arg-type]
+    sized_answer(capped, chat("Hello"), 100, 8192, 42, learned.append)
     assert capped.asked == [100]  # the cap fitted: never refused
 
 
@@ -253,14 +271,14 @@ def test_a_length_the_engine_refuses_is_sized_once_more_to_what_it_says() -> Non
 def test_what_no_length_can_fix_is_refused_at_once(text: str, kind: ErrorKind) -> None:
     engine = Refusing(text, kind=kind)
     with pytest.raises(BackendError):
-        asyncio.run(collect(open_sized(engine, PLAIN, chat("Hello"), 32768, 8192, 42, lambda n: None)))  # type: ignore[arg-type]
+        sized_answer(engine, chat("Hello"), 32768, 8192, 42, lambda n: None)
     assert len(engine.asked) == 1
 
 
 def test_a_second_refusal_is_the_answer() -> None:
     engine = Refusing(VLLM_TOO_LARGE, refusals=2)
     with pytest.raises(BackendError):
-        asyncio.run(collect(open_sized(engine, PLAIN, chat("Hello"), 32768, 8192, 42, lambda n: None)))  # type: ignore[arg-type]
+        sized_answer(engine, chat("Hello"), 32768, 8192, 42, lambda n: None)
     assert engine.asked == [8150, 994]
 
 
@@ -268,10 +286,10 @@ def test_min_tokens_beyond_the_length_the_context_leaves_is_refused() -> None:
     engine = Refusing(VLLM_TOO_LARGE, refusals=0)
     request = chat("Hello", extra={"min_tokens": 100})
     with pytest.raises(BackendError) as info:
-        asyncio.run(collect(open_sized(engine, PLAIN, request, 32768, 120, 42, lambda n: None)))  # type: ignore[arg-type]
+        sized_answer(engine, request, 32768, 120, 42, lambda n: None)
     assert info.value.param == "min_tokens" and not info.value.retryable
     assert engine.asked == []
-    asyncio.run(collect(open_sized(engine, PLAIN, request, 32768, 200, 42, lambda n: None)))  # type: ignore[arg-type]
+    sized_answer(engine, request, 32768, 200, 42, lambda n: None)
     assert engine.asked == [158]
 
 

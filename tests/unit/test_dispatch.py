@@ -69,7 +69,9 @@ def run(
     async def go() -> tuple[str, str]:
         request = GenerationRequest("r1", "m", prompt="hi")
         targets = [Slot(name, b) for name, b in backends.items()]
-        committed = await dispatch.start(targets, request, deadlines, tracker, PROMPT, whole, hedge_after)
+        committed = await dispatch.start(
+            targets, dispatch.Generate(request), deadlines, tracker, PROMPT, whole, hedge_after
+        )
         text = "".join([c.text async for c in committed.chunks()])
         await committed.aclose()
         tracker.end(committed.target)  # what the request's lifecycle does when the answer ends
