@@ -13,7 +13,8 @@ from backends.http_base import HttpSettings
 from backends.httpclient import tls_context
 from backends.llama_server import LlamaServerBackend
 from backends.openai_compat import OpenAICompatBackend
-from backends.tgi import TgiBackend, TgiMessagesBackend
+from backends.tgi import TgiBackend
+from backends.tgi_messages import TgiMessagesBackend
 from backends.trtllm import (
     SERVE_CAPABILITIES,
     TRITON_STREAMED_CAPABILITIES,

@@ -22,7 +22,8 @@ from backends.deepspeed_mii import MiiOpenAIBackend, MiiRestBackend
 from backends.http_base import HttpSettings
 from backends.llama_server import LlamaServerBackend
 from backends.llamacpp_engine import LlamaCppBackend
-from backends.tgi import TgiBackend, TgiMessagesBackend
+from backends.tgi import TgiBackend
+from backends.tgi_messages import TgiMessagesBackend
 from backends.trtllm import TritonTrtllmBackend, TrtllmServeBackend
 from backends.vllm import VLLMBackend
 from tests.conftest import DEMO_GGUF, free_port

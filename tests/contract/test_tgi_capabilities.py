@@ -32,7 +32,8 @@ from starlette.routing import Route
 from backends import capabilities as cap
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob, ToolCallDelta
 from backends.http_base import HttpSettings
-from backends.tgi import JSON_OBJECT_REGEX, TgiBackend, TgiMessagesBackend
+from backends.tgi import JSON_OBJECT_REGEX, TgiBackend
+from backends.tgi_messages import TgiMessagesBackend
 from tests.conftest import GREETING_REPLY, GatewayProcess, write_config
 from tests.contract.control import FakeControl
 from tests.contract.fake_tgi import ChatState, create_app

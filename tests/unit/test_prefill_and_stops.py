@@ -16,7 +16,7 @@ from backends.base import BackendError, Chunk, GenerationRequest, Usage
 from backends.capabilities import PREFILL, needs, without
 from backends.http_base import HttpSettings
 from backends.text import CHATML, ChatRenderer, StopStrings
-from backends.tgi import TgiMessagesBackend
+from backends.tgi_messages import TgiMessagesBackend
 from backends.tool_calls import with_tool_calls
 from backends.vllm import VLLMBackend
 from gateway.config import LimitsConfig
