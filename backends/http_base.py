@@ -89,7 +89,6 @@ class HttpBackend(abc.ABC):
         self.settings = settings
         self._http: HttpClient | None = None
         self._chat = ChatRenderer(settings.chat_template)
-        self.in_flight = 0
         self._retries_before = 0
         """Retries counted by clients closed since (``aclose``)."""
         self.context_length: int | None = None
@@ -178,9 +177,9 @@ class HttpBackend(abc.ABC):
         return None
 
     async def load(self) -> Load | None:
-        """The engine's own gauges when it has them, else what this gateway has in flight there."""
-        load = await self._engine_load() if self.load_map is not None else None
-        return load if load is not None else Load(running=self.in_flight, waiting=0)
+        """The engine's own gauges when it has them; None otherwise: routing then counts what this gateway
+        has in flight there (``routing.load``, from the fleet entry's count: the only one kept)."""
+        return await self._engine_load() if self.load_map is not None else None
 
     async def _engine_load(self) -> Load | None:
         if self.load_map is None or self.metrics_path is None:
@@ -203,7 +202,6 @@ class HttpBackend(abc.ABC):
         """POST (with the request's id in ``X-Request-Id``) and yield the response once its status is
         2xx. Leaving before the body's end closes the connection, which is how engines learn that a
         request was cancelled."""
-        self.in_flight += 1
         clock = request.clock
         started = time.perf_counter()
         rid = request.request_id
@@ -212,38 +210,35 @@ class HttpBackend(abc.ABC):
         if self.closes_streams and payload.get("stream"):
             headers += CLOSE_HEADER
         try:
-            try:
-                response = await self._client().request("POST", path, orjson.dumps(payload), headers)
-            except BaseException as exc:
-                clock.waited_s += time.perf_counter() - started
-                if isinstance(exc, OSError):
-                    raise self._request_error(exc) from exc
-                raise
-            # Waited until the response's bytes arrived; parsing them after that is the gateway's work.
-            clock.waited_s += max(0.0, response.arrived_at - started)
-            try:
-                status = response.status
-                if status >= 300:
-                    if status >= 400:
-                        body = await self._read(response)
-                        raise http_errors.from_response(self.name, status, body, response.headers)
-                    location = response.headers.get("location", "")
-                    raise BackendError(
-                        ErrorKind.PROTOCOL,
-                        f"{self.name}: the engine answered {status} (redirect to {location or 'nowhere'}); "
-                        "redirects are not followed: point the backend's url at the engine itself",
-                    )
-                if response.content_type == "text/html":
-                    raise BackendError(
-                        ErrorKind.PROTOCOL,
-                        f"{self.name}: the engine answered {status} with text/html instead of JSON or "
-                        "an event stream (a login page or a proxy's error page?)",
-                    )
-                yield response
-            finally:
-                response.release()  # back to the pool if the body came in whole, else closed
+            response = await self._client().request("POST", path, orjson.dumps(payload), headers)
+        except BaseException as exc:
+            clock.waited_s += time.perf_counter() - started
+            if isinstance(exc, OSError):
+                raise self._request_error(exc) from exc
+            raise
+        # Waited until the response's bytes arrived; parsing them after that is the gateway's work.
+        clock.waited_s += max(0.0, response.arrived_at - started)
+        try:
+            status = response.status
+            if status >= 300:
+                if status >= 400:
+                    body = await self._read(response)
+                    raise http_errors.from_response(self.name, status, body, response.headers)
+                location = response.headers.get("location", "")
+                raise BackendError(
+                    ErrorKind.PROTOCOL,
+                    f"{self.name}: the engine answered {status} (redirect to {location or 'nowhere'}); "
+                    "redirects are not followed: point the backend's url at the engine itself",
+                )
+            if response.content_type == "text/html":
+                raise BackendError(
+                    ErrorKind.PROTOCOL,
+                    f"{self.name}: the engine answered {status} with text/html instead of JSON or "
+                    "an event stream (a login page or a proxy's error page?)",
+                )
+            yield response
         finally:
-            self.in_flight -= 1
+            response.release()  # back to the pool if the body came in whole, else closed
 
     async def post_json(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Any:
         """POST ``payload`` to one of the engine's small JSON routes (a tokenizer's) and the parsed answer;

@@ -48,10 +48,10 @@ from backends.openai_wire import (
     ParsedChoice,
     ParsedChunk,
     add_usage,
+    message_text,
     openai_fields,
     parse_choice,
     parse_chunk,
-    prompt_text,
     to_payload,
     trimmed,
     uses_fields,
@@ -67,10 +67,10 @@ __all__ = [
     "ParsedChoice",
     "ParsedChunk",
     "add_usage",
+    "message_text",
     "openai_fields",
     "parse_choice",
     "parse_chunk",
-    "prompt_text",
     "to_payload",
     "trimmed",
     "uses_fields",
@@ -172,7 +172,7 @@ class OpenAICompatBackend(HttpBackend):
                 raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
         if usage is None:  # the engine never says: count streamed pieces (one a token), estimate the prompt
             pieces = sum(s.pieces for s in states.values())
-            usage = Usage(estimate_tokens(prompt_text(request)), pieces, prompt_estimated=True)
+            usage = Usage(estimate_tokens(message_text(request)), pieces, prompt_estimated=True)
         order = sorted(states)
         for index in order:
             state = states[index]

@@ -159,7 +159,10 @@ class ParsedChunk:
         return self.choices[0].stop_reason if self.choices else None
 
 
-def prompt_text(req: GenerationRequest) -> str:
+def message_text(req: GenerationRequest) -> str:
+    """The request's text joined, unrendered (no template, no tools): what a rough token estimate
+    counts when the engine reports no prompt count. (``prompt_text`` of an adapter is the rendered
+    prompt an engine that takes raw text receives.)"""
     if req.messages is None:
         return req.prompt or ""
     return "".join(str(m.get("content") or "") for m in req.messages)

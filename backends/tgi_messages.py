@@ -24,7 +24,7 @@ from backends.base import (
     Usage,
 )
 from backends.capabilities import Capabilities
-from backends.openai_compat import END_TEXTS, OpenAICompatBackend, parse_chunk, prompt_text
+from backends.openai_compat import END_TEXTS, OpenAICompatBackend, message_text, parse_chunk
 from backends.text import StopStrings, estimate_tokens
 from backends.tgi import MAX_TOP_N_TOKENS, TgiBase, tgi_grammar, tgi_seed
 
@@ -254,7 +254,7 @@ class TgiMessagesBackend(TgiBase, OpenAICompatBackend):
         if finish is None:
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
         if usage is None:
-            usage = Usage(estimate_tokens(prompt_text(request)), pieces, prompt_estimated=True)
+            usage = Usage(estimate_tokens(message_text(request)), pieces, prompt_estimated=True)
         matched = stops.matched if finish == "stop" else None
         yield Chunk(
             text="" if calls else stops.flush(),
