@@ -148,8 +148,10 @@ class RedisLimiter:
         try:
             r = await self._admit(keys=_keys(ask), args=args)
         except (RedisError, OSError, TimeoutError) as exc:
+            _still_cancelled()
             self._failed(exc, "admit")
             return self._fallback(ask, now)
+        _still_cancelled()  # redis-py may also finish the command it swallowed the cancellation in
         refused = r[1].decode() if isinstance(r[1], bytes) else str(r[1])
         verdict = Verdict(
             admitted=int(r[0]) == 1,
@@ -179,6 +181,7 @@ class RedisLimiter:
         try:
             await self._settle(keys=_keys(ask), args=[ask.member, tokens, cost_nanos])
         except (RedisError, OSError, TimeoutError) as exc:
+            _still_cancelled()
             # Kept and written back with the rest; meanwhile the reservation stands (never less than the real use).
             self._pending[ask.member] = _Pending(ask, alone=False, settled=(tokens, cost_nanos))
             self._failed(exc, "settle")
@@ -256,3 +259,12 @@ class RedisLimiter:
         if self._recovery is not None:
             self._recovery.cancel()
         await self._redis.aclose()
+
+
+def _still_cancelled() -> None:
+    """redis-py turns a cancellation that lands mid-command into a connection error: a task being
+    cancelled (its client left, the gateway shuts down) stops here rather than carrying on with a
+    fallback (which swallowed the cancellation: a client that left kept its request running)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
