@@ -4,6 +4,7 @@ semantics, exact under concurrency."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -249,9 +250,11 @@ def test_the_write_back_ends_under_steady_traffic_and_misses_nothing(fresh_redis
         k = key()
         admitted = 0
 
+        running = True
+
         async def client() -> None:
             nonlocal admitted
-            while True:
+            while running:  # stopped, not cancelled: an admission cancelled mid-call is the caller's to lose
                 verdict = await a.admit(ask(k, rpm=1_000_000, concurrency=1000), time.time())
                 admitted += verdict.admitted  # after the await: tasks would overwrite each other's counts
                 await asyncio.sleep(0.001)
@@ -262,9 +265,8 @@ def test_the_write_back_ends_under_steady_traffic_and_misses_nothing(fresh_redis
             await poll(lambda: a.down and admitted > 50)
             fresh_redis.start()
             await poll(lambda: not a.down)
-            for c in clients:
-                c.cancel()
-            await asyncio.gather(*clients, return_exceptions=True)
+            running = False
+            await asyncio.gather(*clients)
             assert fresh_redis.call("ZCARD", f"eg:{{{k}}}:req") == str(admitted)
         finally:
             await a.close()
@@ -309,3 +311,30 @@ def test_after_redis_restarts_every_pooled_connection_reconnects(fresh_redis: Re
             await limiter.close()
 
     asyncio.run(body())
+
+
+def test_a_request_cancelled_while_redis_answers_stops_there(fresh_redis: RedisServer) -> None:
+    """redis-py swallows a cancellation that lands mid-command (it finishes the command, or turns it into
+    a connection error): the admission must still end cancelled, not carry the request on."""
+
+    async def body() -> None:
+        a = RedisLimiter(fresh_redis.url, fail_open=True, timeout_s=0.5, retry_s=0.1)
+        entered = asyncio.Event()
+
+        async def swallowing(**_: object) -> list[object]:
+            entered.set()
+            with contextlib.suppress(asyncio.CancelledError):  # as redis-py does
+                await asyncio.sleep(10)
+            return [1, b"", 0, 1, 1, 0, 0]
+
+        a._admit = swallowing  # type: ignore[assignment]
+        try:
+            task = asyncio.create_task(a.admit(ask(key(), rpm=5), time.time()))
+            await entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            await a.close()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
