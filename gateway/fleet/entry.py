@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backends.base import Backend, Health, Load
+from backends.base import Backend, Health, Load, WholeAnswers
 from backends.capabilities import PLAIN, Capabilities
 from gateway.config import BackendConfig
 from gateway.fleet.breaker import CircuitBreaker
@@ -53,6 +53,9 @@ class Entry:
 
     def __post_init__(self) -> None:
         self.breaker.name = self.config.name
+        # The optional protocol checked once here: isinstance on a runtime protocol costs about 8 µs.
+        self.whole: WholeAnswers | None = self.backend if isinstance(self.backend, WholeAnswers) else None
+        """The backend, when it may answer a request whole at once (``WholeAnswers``)."""
 
     @property
     def name(self) -> str:

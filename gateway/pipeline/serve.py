@@ -30,7 +30,7 @@ from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
 from gateway.pipeline import dispatch
-from gateway.pipeline.dispatch import Committed, Deadlines, answers_whole
+from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
@@ -271,7 +271,8 @@ class Generation:
         return None if request is None else open_answer(target.backend, target.capabilities, request, self.recount)
 
     def at_once(self, target: Entry) -> bool:
-        return answers_whole(target.backend, self.gen)
+        whole = target.whole
+        return whole is not None and whole.answers_whole(self.gen)
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         return self._surface.answer(self._asked, self._request_id).whole(chunks)
