@@ -20,6 +20,9 @@ import pytest
 
 from tests.conftest import ZEN_PROMPT, GatewayProcess, write_config
 
+# Every gateway here serves llama.cpp in process too (llama-cpp-python, the `llama` extra).
+pytestmark = pytest.mark.engines
+
 LENGTH_CAP = 64
 HELLO: list[Any] = [{"role": "user", "content": "Hello"}]
 SCHEMA = {

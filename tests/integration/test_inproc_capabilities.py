@@ -493,6 +493,7 @@ def test_forced_tool_choice_writes_a_hermes_call_that_validates(llama: LlamaMake
     assert json.loads("".join(d.arguments for d in deltas)) == call["arguments"]
 
 
+@pytest.mark.engines  # llama-cpp-python (the `llama` extra)
 def test_a_forced_call_follows_the_models_llama3_json_format() -> None:
     backend = with_tools(LlamaCppBackend("under-test", "enginegate-demo", DEMO_GGUF, tool_parser="llama3_json"))
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -507,6 +508,7 @@ def test_a_forced_call_follows_the_models_llama3_json_format() -> None:
     jsonschema.validate(json.loads("".join(d.arguments for d in deltas)), WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
 
 
+@pytest.mark.engines  # llama-cpp-python (the `llama` extra)
 def test_a_forced_call_in_a_format_llama_cpp_cannot_write_is_a_bad_request() -> None:
     backend = with_tools(LlamaCppBackend("under-test", "enginegate-demo", DEMO_GGUF, tool_parser="mistral"))
     with pytest.raises(BackendError) as info:
