@@ -25,10 +25,10 @@ def mixed_gateway(
         tmp_path_factory.mktemp("mixed") / "mixed.yaml",
         f"""
 models:
-  - {{name: via-ct2, gguf: "{{GGUF}}"}}
-  - {{name: via-llama-cpp, gguf: "{{GGUF}}"}}
-  - {{name: via-llama-server, gguf: "{{GGUF}}"}}
-  - {{name: via-vllm, gguf: "{{GGUF}}"}}
+  - {{name: via-ct2, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: via-llama-cpp, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: via-llama-server, gguf: "{{GGUF}}", tool_parser: hermes}}
+  - {{name: via-vllm, gguf: "{{GGUF}}", tool_parser: hermes}}
 backends:
   - {{name: ct2, engine: ctranslate2, model: via-ct2}}
   - {{name: llama-cpp, engine: llama_cpp, model: via-llama-cpp}}
