@@ -125,7 +125,9 @@ async def _serve(
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
     asked = surface.asked(data, limits, ex.request_id)
-    gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
+    gen = asked.gen
+    if gen.stream != asked.stream:  # a door that builds its request without the client's choice (a copy)
+        gen = replace(gen, stream=asked.stream)
     if gen.model not in rt.model_names:
         raise model_not_found(gen.model)
     life.model = gen.model

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
+from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
 
 log = logging.getLogger("enginegate.dispatch")
 
@@ -189,7 +189,9 @@ async def _attempt(
     """One backend up to its commit point; any failure is reported, closes its stream and raises a
     ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
     backend = target.backend
-    at_once = isinstance(backend, WholeAnswers) and backend.answers_whole(request)
+    # The optional WholeAnswers protocol, read as an attribute: isinstance on a runtime protocol costs 8 µs.
+    answers_whole: Callable[[GenerationRequest], bool] | None = getattr(backend, "answers_whole", None)
+    at_once = answers_whole is not None and answers_whole(request)
     loop = asyncio.get_running_loop()
     now = loop.time()
     answer_at = now + deadlines.answer_s
