@@ -25,8 +25,10 @@ vendored llama.cpp, build ``b1-0c1e570``); every field goes out as OpenAI spells
 - ``n``: native, one slot per choice; usage comes once per choice and is added up.
 - images: ``image_url`` parts go as they are; llama-server answers them only with ``--mmproj`` ("image
   input is not supported" otherwise), which the model entry says.
-- ``assistant_prefill``: llama-server continues a final assistant message by default (its
-  ``prefill_assistant``; off only with ``--no-prefill-assistant``, which a deployment then disables).
+- Not ``assistant_prefill``: the llama-server this project builds (llama-cpp-python 0.3.36's llama.cpp)
+  answers a final assistant message from the start of a new turn instead of continuing it (the
+  conformance test saw "Hello! I am the" + the whole reply); a build that continues it (newer
+  llama.cpp's ``prefill_assistant``) can declare it with ``capabilities.enable: [assistant_prefill]``.
 - Not ``echo``: the answer never repeats the prompt.
 - Cached prompt tokens: ``usage.prompt_tokens_details.cached_tokens`` (also ``timings.cache_n``).
 
@@ -53,7 +55,7 @@ LOAD = LoadMap(
 FEATURES = frozenset(
     {
         cap.TOOLS, cap.JSON_OBJECT, cap.JSON_SCHEMA, cap.LOGPROBS, cap.TOP_LOGPROBS, cap.PENALTIES,
-        cap.LOGIT_BIAS, cap.SEED, cap.IMAGES, cap.PREFILL,
+        cap.LOGIT_BIAS, cap.SEED, cap.IMAGES,
     }
 )  # fmt: skip
 EXTRAS = frozenset(

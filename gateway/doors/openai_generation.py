@@ -73,6 +73,7 @@ def to_generation(
         "frequency_penalty": body.frequency_penalty,
         "logit_bias": {int(k): float(v) for k, v in body.logit_bias.items()} if body.logit_bias else None,
         "user": body.user,
+        "stream": bool(body.stream),
     }
     if isinstance(body, ChatBody):
         if len(body.messages) > max_messages:

@@ -193,7 +193,10 @@ class Generation:
 
     def __init__(self, surface: Surface, asked: Asked, request_id: str, rt: Runtime) -> None:
         self._surface, self._asked, self._request_id = surface, asked, request_id
-        self.gen = replace(asked.gen, stream=True) if asked.stream else asked.gen
+        gen = asked.gen
+        if gen.stream != asked.stream:  # a door that builds its request without the client's choice (a copy)
+            gen = replace(gen, stream=asked.stream)
+        self.gen = gen
         self.model = self.gen.model
         self.stream = asked.stream
         self.events: Answer | None = surface.answer(asked, request_id) if asked.stream else None
