@@ -2,8 +2,10 @@
 
     python -m uvicorn benchmarks.fake_engine:app --port 8301 --no-access-log
 
-Streams ``FAKE_TOKENS`` chunks (default 16) per request and answers /health; the gateway's cost is
-what remains when the engine costs almost nothing.
+Streams ``FAKE_TOKENS`` chunks (default 16) to a request that asks for a stream, answers the same text
+whole (one JSON body) to one that does not, and answers /health; the gateway's cost is what remains when
+the engine costs almost nothing. (It streamed to every request until the side-by-side benchmark: a
+proxy that relays bytes then answered a whole-answer client with a stream.)
 """
 
 from __future__ import annotations
@@ -36,7 +38,19 @@ def _body(chat: bool) -> bytes:
     return b"".join(parts)
 
 
+def _whole(chat: bool) -> bytes:
+    text = "".join(f" tok{i}" for i in range(TOKENS))
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    doc = {
+        "id": "x", "object": "chat.completion" if chat else "text_completion", "created": 0, "model": "m",
+        "choices": [choice], "usage": {"prompt_tokens": 8, "completion_tokens": TOKENS, "total_tokens": 8 + TOKENS},
+    }  # fmt: skip
+    return orjson.dumps(doc)
+
+
 BODIES = {chat: _body(chat) for chat in (True, False)}
+WHOLE = {chat: _whole(chat) for chat in (True, False)}
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -45,11 +59,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
-    more = True
+    more, asked = True, b""
     while more:
-        more = (await receive()).get("more_body", False)
+        message = await receive()
+        asked += message.get("body", b"")
+        more = message.get("more_body", False)
     if scope["path"].endswith("/completions"):
-        body, kind = BODIES[scope["path"].endswith("/chat/completions")], b"text/event-stream"
+        chat = scope["path"].endswith("/chat/completions")
+        if orjson.loads(asked or b"{}").get("stream"):
+            body, kind = BODIES[chat], b"text/event-stream"
+        else:
+            body, kind = WHOLE[chat], b"application/json"
     else:
         body, kind = b"", b"text/plain"
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
