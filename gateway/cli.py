@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -107,6 +108,12 @@ def _serve(args: argparse.Namespace) -> int:
     loaded = _load(args.config)
     if loaded is None:
         return 1
+    # Served all the same: the estimate rests on catalog figures (and a guessed size where params_b is
+    # unset), and the fleet's other backends still serve; `config check` refuses the file.
+    from gateway.ops.placement import placement_problems
+
+    for problem in placement_problems(loaded)[0]:
+        logging.getLogger("enginegate.fleet").error("%s", problem)
     if args.workers < 1:
         print("--workers must be at least 1", file=sys.stderr)
         return 1

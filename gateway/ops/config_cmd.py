@@ -1,5 +1,5 @@
-"""``enginegate config check``: validate a config file, and warn where an engine's context is smaller
-than its model entry's."""
+"""``enginegate config check|show|schema``: validate a config file (its schema, then every backend's
+placement, then the engines' contexts), print it with its defaults, print its JSON schema."""
 
 from __future__ import annotations
 
@@ -16,13 +16,22 @@ def _check(args: argparse.Namespace) -> int:
     loaded = load_or_report(args.file)
     if loaded is None:
         return 1
+    from gateway.ops.placement import placement_problems
+
     cfg = loaded.config
+    errors, placement_warnings = placement_problems(loaded)
+    for line in errors:
+        print(line, file=sys.stderr)
+    if errors:
+        return 1
     print(f"{args.file}: ok ({len(cfg.models)} models, {len(cfg.backends)} backends)")
     warnings = context_warnings(loaded)
     if args.probe:
         import asyncio
 
         warnings += asyncio.run(probe_contexts(loaded))
+    for line in placement_warnings:
+        print(line, file=sys.stderr)
     for line in warnings:
         print(f"{args.file}: warning: {line}", file=sys.stderr)
     return 0
@@ -96,12 +105,40 @@ async def probe_contexts(loaded: LoadedConfig) -> list[str]:
     return [line for line in found if line is not None]
 
 
+def _show(args: argparse.Namespace) -> int:
+    """The file as the gateway reads it: every key, defaults filled in, in the file's own order."""
+    import yaml
+
+    loaded = load_or_report(args.file)
+    if loaded is None:
+        return 1
+    doc = loaded.config.model_dump(mode="json")
+    print(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), end="")
+    return 0
+
+
+def schema() -> dict[str, Any]:
+    """The config file's JSON schema: the same pydantic models (and attribute docstrings) the docs'
+    configuration reference is generated from."""
+    from gateway.config import GatewayConfig
+
+    doc = GatewayConfig.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **doc, "title": "enginegate config"}
+
+
+def _schema(args: argparse.Namespace) -> int:
+    import json
+
+    print(json.dumps(schema(), indent=2))
+    return 0
+
+
 def add_parser(sub: Any) -> Any:
     """``config`` and its subcommands; returns the ``config`` subparsers, for commands added beside them."""
     config = sub.add_parser("config", help="work with config files")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a config file and exit non-zero on errors")
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, help="the config file")
     check.add_argument(
         "--probe",
         action="store_true",
@@ -109,4 +146,8 @@ def add_parser(sub: Any) -> Any:
         "it is smaller than the model entry's",
     )
     check.set_defaults(func=_check)
+    show = config_sub.add_parser("show", help="print the config as the gateway reads it, defaults included (YAML)")
+    show.add_argument("file", type=Path, help="the config file")
+    show.set_defaults(func=_show)
+    config_sub.add_parser("schema", help="print the config file's JSON schema").set_defaults(func=_schema)
     return config_sub
