@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import platform
 import socket
 import sys
 import tempfile
@@ -201,24 +202,55 @@ def _epp(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+class _WithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help shows each option's default, where it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+    parser.add_argument(
+        "--log-format", default="json", choices=["json", "text"],
+        help="one JSON object per line, or text with the same fields as key=value",
+    )  # fmt: skip
+
+
+def parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """This parser and every subcommand's, depth first."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += parsers(child)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``enginegate`` and every subcommand, each option with its help and default."""
+    from gateway.telemetry.metrics import version
+
     parser = argparse.ArgumentParser(prog="enginegate", description="Multi-engine LLM serving gateway.")
+    parser.add_argument(
+        "--version", action="version", version=f"enginegate {version()} (Python {platform.python_version()})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
-    serve.add_argument("--config", type=Path, default=default_config())
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--log-format", default="json", choices=["json", "text"])
+    serve.add_argument("--config", type=Path, default=default_config(), help="the config file ($ENGINEGATE_CONFIG)")
+    serve.add_argument("--host", help="address to listen on (default: the config's server.host)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: the config's server.port)")
+    _log_options(serve)
     serve.add_argument("--workers", type=int, default=1, help="worker processes (metrics are shared)")
     serve.set_defaults(func=_serve)
     epp = sub.add_parser("epp", help="pick endpoints for a Kubernetes inference gateway (Envoy ext_proc, gRPC)")
     epp.add_argument("--config", type=Path, required=True, help="models and backends; each backend url is an endpoint")
-    epp.add_argument("--host", default="0.0.0.0")
+    epp.add_argument("--host", default="0.0.0.0", help="address to listen on")
     epp.add_argument("--port", type=int, default=9002, help="the ExternalProcessor and gRPC health")
     epp.add_argument("--health-port", type=int, help="the same services on a second port (the reference's 9003)")
-    epp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    epp.add_argument("--log-format", default="json", choices=["json", "text"])
+    _log_options(epp)
     epp.set_defaults(func=_epp)
     config_cmd.add_parser(sub)
     explain_cmd.add_parser(sub, default_config())
@@ -230,13 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--mix", help="budget classes, e.g. chat:0.7:ttft=500,batch:0.3:e2e=60000")
     simulate.add_argument("--duration", type=float, help="simulated seconds to replay (default: whole trace)")
     simulate.add_argument("--outage", action="append", metavar="BACKEND:START_S:END_S", help="take a backend down")
-    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--seed", type=int, default=0, help="random seed of the workload (same seed, same run)")
     simulate.add_argument("--plot", type=Path, help="write a PNG of attainment against load")
     simulate.set_defaults(func=_simulate)
     from gateway.tenancy import commands as keys_commands
 
     keys_commands.add_parser(sub, default_config())
-    args = parser.parse_args(argv)
+    for each in parsers(parser):
+        each.formatter_class = _WithDefaults
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args))
 
 
