@@ -1,6 +1,6 @@
 """What a real gateway process tells its operator: each backend's first probe and why (one down from
-the start included), the reason in ``/admin/fleet``, the text log's request fields as ``key=value``,
-and ``enginegate_build_info``."""
+the start included), a placement that can never serve, the reason in ``/admin/fleet``, the text log's
+request fields as ``key=value``, and ``enginegate_build_info``."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def gateway_with_a_dead_backend(tmp_path_factory: pytest.TempPathFactory, cache_
         f"""
 models:
   - {{name: enginegate-demo, gguf: "{{GGUF}}"}}
+  - {{name: huge, params_b: 70, dtype: bf16, context: 8192}}
 backends:
   - {{name: local, engine: ctranslate2, model: enginegate-demo}}
   - {{name: down, engine: vllm, model: enginegate-demo, url: "http://127.0.0.1:{closed}", served_model: x}}
+  - {{name: too-small, engine: vllm, model: huge, url: "http://127.0.0.1:{closed}", gpu: L4}}
 admin: {{api_key_env: EG_OPS_ADMIN}}
 """,
     )
@@ -49,6 +51,14 @@ def test_a_backend_down_from_the_start_is_logged_with_why(gateway_with_a_dead_ba
     assert " WARNING enginegate.fleet " in down[0] and "first_probe=true" in down[0] and "detail=" in down[0]
     assert re.search(r"detail=\"[^\"]*(Connect|refused)", down[0]), down[0]
     assert sum("backend local is healthy (first probe)" in line for line in log.splitlines()) == 1
+
+
+def test_serve_logs_a_placement_that_can_never_serve(gateway_with_a_dead_backend: GatewayProcess) -> None:
+    lines = gateway_with_a_dead_backend.log.read_text().splitlines()
+    errors = [line for line in lines if " ERROR enginegate.fleet " in line]
+    assert len(errors) == 1, errors
+    assert "backends[2]: backend too-small: model huge needs 140.0 GB of weights" in errors[0]
+    assert "1× L4 has 24 GB" in errors[0]
 
 
 def test_admin_fleet_says_why_a_backend_is_unhealthy(gateway_with_a_dead_backend: GatewayProcess) -> None:
