@@ -141,7 +141,7 @@ def add_parser(sub: Any, default_config: Path) -> Any:
     explain.add_argument("--config", type=Path, default=default_config, help="the config file")
     explain.add_argument("--model", required=True, help="the model the request names")
     explain.add_argument(
-        "--prompt-tokens", type=_lengths, default=[100], metavar="N[,N...]",
+        "--prompt-tokens", type=_lengths, default="100", metavar="N[,N...]",
         help="prompt tokens; several (1000,8000,32000) give a table of each backend's predictions per length",
     )  # fmt: skip
     explain.add_argument("--max-tokens", type=int, default=None, help="the request's max_tokens (default: unset)")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser, main, parsers
-from gateway.ops.explain_cmd import EXIT_NO_BACKEND, EXIT_NOTHING_FITS
+from gateway.ops.explain_cmd import EXIT_NO_BACKEND, EXIT_NOTHING_FITS, EXIT_REFUSED
 from gateway.telemetry.metrics import version
 from tests.conftest import write_config
 
@@ -106,6 +106,13 @@ def test_explain_exits_non_zero_when_nothing_fits(fleet: Path, capsys: pytest.Ca
     assert main(explain(fleet, "--model", "llama-70b", "--prompt-tokens", "120000")) == EXIT_NOTHING_FITS
     out = capsys.readouterr().out
     assert "decision: nothing_fits" in out and "big: needs" in out
+
+
+def test_explain_exits_with_its_own_code_on_other_refusals(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(explain(fleet, "--model", "llama-8b", "--needs", "images")) == EXIT_REFUSED
+    out = capsys.readouterr().out
+    assert "decision: unsupported" in out and "a: lacks images" in out
+    assert len({0, 1, 2, EXIT_NOTHING_FITS, EXIT_NO_BACKEND, EXIT_REFUSED}) == 6  # usage errors are argparse's 2
 
 
 def test_explain_on_an_unknown_model_lists_the_known_ones(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
