@@ -3,150 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import platform
 import socket
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.config import ConfigError, LoadedConfig, default_config, load_config
+from gateway.config import ConfigError, LoadedConfig, default_config
+from gateway.ops import config_cmd, explain_cmd
+from gateway.ops.common import load_or_report
 
 if TYPE_CHECKING:
     from routing.sim.simulate import SimFleet
 
 
 def _load(path: Path) -> LoadedConfig | None:
-    """The config, or None after printing every problem with its file and line."""
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return None
-
-
-def _check(args: argparse.Namespace) -> int:
-    loaded = _load(args.file)
-    if loaded is None:
-        return 1
-    cfg = loaded.config
-    print(f"{args.file}: ok ({len(cfg.models)} models, {len(cfg.backends)} backends)")
-    warnings = context_warnings(loaded)
-    if args.probe:
-        import asyncio
-
-        warnings += asyncio.run(probe_contexts(loaded))
-    for line in warnings:
-        print(f"{args.file}: warning: {line}", file=sys.stderr)
-    return 0
-
-
-def _smaller_context(backend: str, model: str, engine: int, entry: int, why: str) -> str:
-    return (
-        f"backend {backend}: a context of {engine} tokens ({why}), smaller than model {model}'s {entry}: "
-        f"prompt and answer there get {engine} tokens (set models[].context to {engine}, or give the engine more)"
-    )
-
-
-def context_warnings(loaded: LoadedConfig) -> list[str]:
-    """Backends whose context is known from the config alone to be smaller than their model entry's:
-    the in-process engines' ``n_ctx`` and their GGUF's own context."""
-    from gateway.config import CTranslate2Config, LlamaCppConfig
-    from gateway.fleet.catalog import model_specs
-
-    specs = model_specs(loaded, loaded.ggufs)
-    out = []
-    for b in loaded.config.backends:
-        model = loaded.model(b.model)
-        if model.kind != "generate" or not isinstance(b, CTranslate2Config | LlamaCppConfig) or model.gguf is None:
-            continue
-        own, why = loaded.ggufs.header(loaded.resolve(model.gguf)).context_length, "its GGUF's"
-        if isinstance(b, LlamaCppConfig) and b.n_ctx is not None and b.n_ctx < own:
-            own, why = b.n_ctx, "its n_ctx"
-        if own < specs[b.model].context:
-            out.append(_smaller_context(b.name, b.model, own, specs[b.model].context, why))
-    return out
-
-
-async def probe_contexts(loaded: LoadedConfig) -> list[str]:
-    """Ask each engine reached over HTTP what context it was launched with (vLLM, TGI, llama-server
-    publish it): the ones smaller than their model entry's, and the ones that could not be asked."""
-    import asyncio
-
-    from backends.http_base import HttpBackend
-    from gateway.config import CTranslate2Config, LlamaCppConfig
-    from gateway.fleet.catalog import model_specs
-    from gateway.fleet.engines import build_backend
-
-    specs = model_specs(loaded, loaded.ggufs)
-
-    async def one(cfg: Any) -> str | None:
-        try:
-            backend = build_backend(cfg, loaded)
-        except ConfigError as exc:
-            return f"backend {cfg.name}: not probed: {'; '.join(exc.problems)}"
-        if not isinstance(backend, HttpBackend) or backend.context_path is None:
-            await backend.aclose()
-            return None  # it publishes no context (trtllm-serve, Triton, MII): learned from refusals at runtime
-        try:
-            health = await backend.health()
-            engine = backend.context_length
-        finally:
-            await backend.aclose()
-        if not health.ok:
-            return f"backend {cfg.name}: not probed: {cfg.url} is unreachable or unhealthy ({health.detail[:120]})"
-        entry = specs[cfg.model].context
-        if engine is not None and engine < entry:
-            return _smaller_context(cfg.name, cfg.model, engine, entry, f"what the engine at {cfg.url} publishes")
-        return None
-
-    http = [
-        b
-        for b in loaded.config.backends
-        if not isinstance(b, CTranslate2Config | LlamaCppConfig) and loaded.model(b.model).kind == "generate"
-    ]
-    found = await asyncio.gather(*(one(b) for b in http))
-    return [line for line in found if line is not None]
-
-
-def _explain(args: argparse.Namespace) -> int:
-    """Where would this request go and why, against the config file (every backend healthy and idle)."""
-    from gateway.fleet.catalog import model_specs, profile
-    from gateway.fleet.catalog import rules as build_rules
-    from routing.explain import render
-    from routing.policy import choose
-    from routing.types import BackendState, FleetSnapshot, RequestFeatures
-
-    loaded = _load(args.config)
-    if loaded is None:
-        return 1
-    from gateway.fleet.catalog import capabilities
-    from gateway.fleet.engines import configured_capabilities
-
-    snapshot = FleetSnapshot(
-        tuple(
-            BackendState(profile(b, loaded, caps=capabilities(configured_capabilities(b), b, loaded.model(b.model))))
-            for b in loaded.config.backends
-        ),
-        model_specs(loaded),
-    )
-    features = RequestFeatures(
-        needs=frozenset(args.needs or ()),
-        extras=frozenset(args.extra or ()),
-        model=args.model,
-        prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        ttft_budget_ms=args.ttft_budget_ms,
-        latency_budget_ms=args.latency_budget_ms,
-        tpot_budget_ms=args.tpot_budget_ms,
-        tenant=args.tenant,
-        key=args.key,
-        team=args.team,
-        headers=tuple((k.lower(), v) for k, _, v in (h.partition("=") for h in args.header)),
-    )
-    print(render(choose(features, snapshot, build_rules(loaded)), features, snapshot))
-    return 0
+    return load_or_report(path)
 
 
 def sim_fleet(loaded: LoadedConfig, outages: list[str] | None = None) -> SimFleet:
@@ -234,6 +109,12 @@ def _serve(args: argparse.Namespace) -> int:
     loaded = _load(args.config)
     if loaded is None:
         return 1
+    # Served all the same: the estimate rests on catalog figures (and a guessed size where params_b is
+    # unset), and the fleet's other backends still serve; `config check` refuses the file.
+    from gateway.ops.placement import placement_problems
+
+    for problem in placement_problems(loaded)[0]:
+        logging.getLogger("enginegate.fleet").error("%s", problem)
     if args.workers < 1:
         print("--workers must be at least 1", file=sys.stderr)
         return 1
@@ -321,59 +202,58 @@ def _epp(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+class _WithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help shows each option's default, where it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+    parser.add_argument(
+        "--log-format", default="json", choices=["json", "text"],
+        help="one JSON object per line, or text with the same fields as key=value",
+    )  # fmt: skip
+
+
+def parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """This parser and every subcommand's, depth first."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += parsers(child)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``enginegate`` and every subcommand, each option with its help and default."""
+    from gateway.telemetry.metrics import version
+
     parser = argparse.ArgumentParser(prog="enginegate", description="Multi-engine LLM serving gateway.")
+    parser.add_argument(
+        "--version", action="version", version=f"enginegate {version()} (Python {platform.python_version()})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
-    serve.add_argument("--config", type=Path, default=default_config())
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--log-format", default="json", choices=["json", "text"])
+    serve.add_argument("--config", type=Path, default=default_config(), help="the config file ($ENGINEGATE_CONFIG)")
+    serve.add_argument("--host", help="address to listen on (default: the config's server.host)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: the config's server.port)")
+    _log_options(serve)
     serve.add_argument("--workers", type=int, default=1, help="worker processes (metrics are shared)")
     serve.set_defaults(func=_serve)
     epp = sub.add_parser("epp", help="pick endpoints for a Kubernetes inference gateway (Envoy ext_proc, gRPC)")
     epp.add_argument("--config", type=Path, required=True, help="models and backends; each backend url is an endpoint")
-    epp.add_argument("--host", default="0.0.0.0")
+    epp.add_argument("--host", default="0.0.0.0", help="address to listen on")
     epp.add_argument("--port", type=int, default=9002, help="the ExternalProcessor and gRPC health")
     epp.add_argument("--health-port", type=int, help="the same services on a second port (the reference's 9003)")
-    epp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    epp.add_argument("--log-format", default="json", choices=["json", "text"])
+    _log_options(epp)
     epp.set_defaults(func=_epp)
-    config = sub.add_parser("config", help="work with config files")
-    config_sub = config.add_subparsers(dest="config_command", required=True)
-    check = config_sub.add_parser("check", help="validate a config file and exit non-zero on errors")
-    check.add_argument("file", type=Path)
-    check.add_argument(
-        "--probe",
-        action="store_true",
-        help="also ask each engine reached over HTTP for the context it was launched with, and warn where "
-        "it is smaller than the model entry's",
-    )
-    check.set_defaults(func=_check)
-    route = sub.add_parser("route", help="inspect routing")
-    route_sub = route.add_subparsers(dest="route_command", required=True)
-    explain = route_sub.add_parser("explain", help="rank the backends for a hypothetical request and say why")
-    explain.add_argument("--config", type=Path, default=default_config())
-    explain.add_argument("--model", required=True)
-    explain.add_argument("--prompt-tokens", type=int, default=100)
-    explain.add_argument("--max-tokens", type=int, default=None)
-    explain.add_argument("--ttft-budget-ms", type=float, default=None)
-    explain.add_argument("--latency-budget-ms", type=float, default=None)
-    explain.add_argument("--tpot-budget-ms", type=float, default=None)
-    explain.add_argument("--tenant", default=None)
-    explain.add_argument("--key", default=None, help="an API key's id (rules matching keys)")
-    explain.add_argument("--team", default=None, help="an API key's team (rules matching teams)")
-    explain.add_argument(
-        "--needs", action="append", default=[], metavar="CAPABILITY",
-        help="a capability the request uses (tools, json_schema, logprobs, images...); repeatable",
-    )  # fmt: skip
-    explain.add_argument(
-        "--extra", action="append", default=[], metavar="FIELD",
-        help="a request field outside OpenAI's spec (top_k, min_p...); repeatable",
-    )  # fmt: skip
-    explain.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
-    explain.set_defaults(func=_explain)
+    config_cmd.add_parser(sub)
+    explain_cmd.add_parser(sub, default_config())
     simulate = sub.add_parser("simulate", help="replay a trace through every routing policy and compare them")
     simulate.add_argument("--config", type=Path, default=default_config(), help="the fleet (a gateway config)")
     simulate.add_argument("--trace", type=Path, required=True, help="Azure LLM trace CSV, or CSV/JSONL")
@@ -382,13 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--mix", help="budget classes, e.g. chat:0.7:ttft=500,batch:0.3:e2e=60000")
     simulate.add_argument("--duration", type=float, help="simulated seconds to replay (default: whole trace)")
     simulate.add_argument("--outage", action="append", metavar="BACKEND:START_S:END_S", help="take a backend down")
-    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--seed", type=int, default=0, help="random seed of the workload (same seed, same run)")
     simulate.add_argument("--plot", type=Path, help="write a PNG of attainment against load")
     simulate.set_defaults(func=_simulate)
     from gateway.tenancy import commands as keys_commands
 
     keys_commands.add_parser(sub, default_config())
-    args = parser.parse_args(argv)
+    for each in parsers(parser):
+        each.formatter_class = _WithDefaults
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args))
 
 

@@ -90,14 +90,19 @@ def slots(model: ModelSpec, state: BackendState, tokens_per_sequence: int) -> in
     return max(1, min(cap, by_memory))
 
 
+def memory_need(model: ModelSpec, profile: BackendProfile, tokens: int) -> tuple[float, float]:
+    """(bytes one request of ``tokens`` needs with the weights, bytes the backend has usable for both)."""
+    need = model.weight_bytes + model.kv_bytes_per_token * tokens
+    return need, profile.memory_gb * 1e9 * MEMORY_HEADROOM
+
+
 def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> str | None:
     """Why this backend cannot take the request at all, or None when it can."""
     p = state.profile
     context = min(model.context, p.context or model.context)
     if prompt_tokens + max_tokens > context:
         return f"context {context} < {prompt_tokens} + {max_tokens} tokens"
-    need = model.weight_bytes + model.kv_bytes_per_token * (prompt_tokens + max_tokens)
-    have = p.memory_gb * 1e9 * MEMORY_HEADROOM
+    need, have = memory_need(model, p, prompt_tokens + max_tokens)
     if need > have:
         return f"needs {need / 1e9:.1f} GB for weights and KV cache, has {have / 1e9:.1f} GB usable"
     return None

@@ -4,11 +4,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from routing.types import Decision, FleetSnapshot, RequestFeatures
+from routing.policy import with_rule_defaults
+from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
+
+TERMS = ("budget", "cost", "load", "affinity")
+"""The weighted terms of a candidate's score (``routing.weights``), in the table's order."""
 
 
-def to_dict(decision: Decision, features: RequestFeatures) -> dict[str, Any]:
-    return {
+def applied_budget(features: RequestFeatures, decision: Decision, rules: Rules | None) -> dict[str, dict[str, Any]]:
+    """Each budget the decision used, and where it came from: the request (its headers or fields), the
+    matched rule's default, or none (``rules``: the ones decided with; None: the request's own only)."""
+    rule = next((r for r in rules.rules if r.name == decision.rule), None) if rules is not None else None
+    applied = with_rule_defaults(features, rule)
+    out: dict[str, dict[str, Any]] = {}
+    for name, asked, used in (
+        ("ttft_ms", features.ttft_budget_ms, applied.ttft_budget_ms),
+        ("latency_ms", features.latency_budget_ms, applied.latency_budget_ms),
+        ("tpot_ms", features.tpot_budget_ms, applied.tpot_budget_ms),
+    ):
+        source = "request" if asked is not None else (f"rule {decision.rule} default" if used is not None else None)
+        out[name] = {"value": used, "source": source}
+    return out
+
+
+def to_dict(decision: Decision, features: RequestFeatures, rules: Rules | None = None) -> dict[str, Any]:
+    """``rules``: the ones decided with, to say which budget was applied and why (``budget``)."""
+    doc: dict[str, Any] = {
         "reason": decision.reason.value,
         "rule": decision.rule,
         "max_attempts": decision.max_attempts,
@@ -39,23 +60,27 @@ def to_dict(decision: Decision, features: RequestFeatures) -> dict[str, Any]:
         ],
         "excluded": decision.excluded,
     }
+    if rules is not None:
+        doc["budget"] = applied_budget(features, decision, rules)
+        doc["weights"] = {t: getattr(rules.weights, t) for t in TERMS}
+    return doc
 
 
-def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapshot) -> str:
+def _budget_line(features: RequestFeatures, decision: Decision, rules: Rules | None) -> str:
+    budget = applied_budget(features, decision, rules)
+    parts = [
+        f"{name.removesuffix('_ms')} {b['value']:g} ms ({b['source']})" for name, b in budget.items() if b["value"]
+    ]
+    return ", ".join(parts) or "none"
+
+
+def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules | None = None) -> str:
+    """The decision as a table: each candidate's predictions, score terms and score, then the excluded."""
     profiles = {b.name: b.profile for b in snapshot.backends}
-    budget = ", ".join(
-        f"{name} {value:g} ms"
-        for name, value in (
-            ("ttft", features.ttft_budget_ms),
-            ("latency", features.latency_budget_ms),
-            ("tpot", features.tpot_budget_ms),
-        )
-        if value is not None
-    )
     lines = [
         f"request: model {features.model}, {features.prompt_tokens} prompt tokens, "
         f"{features.max_tokens if features.max_tokens is not None else 'default'} max tokens, "
-        f"budget: {budget or 'none'}",
+        f"budget: {_budget_line(features, decision, rules)}",
         f"decision: {decision.reason.value}"
         + (f" (rule {decision.rule})" if decision.rule else "")
         + f", up to {decision.max_attempts} attempts"
@@ -63,9 +88,10 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         "",
     ]
     header = (
-        "#", "backend", "engine", "hardware", "cached", "ttft ms", "tpot ms", "e2e ms", "queue ms", "meets", "score"
+        "#", "backend", "engine", "hardware", "cached", "ttft ms", "tpot ms", "e2e ms", "queue ms", "meets", *TERMS,
+        "score",
     )  # fmt: skip
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for i, c in enumerate(decision.candidates, start=1):
         p = profiles[c.backend]
         hardware = f"{p.gpu_count}x {p.gpu.name}" if p.gpu.name != "CPU" else "CPU"
@@ -81,6 +107,7 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
                 f"{c.prediction.e2e_ms:.0f}",
                 f"{c.prediction.queue_ms:.0f}",
                 "yes" if c.meets_budget else "no",
+                *(f"{c.terms.get(t, 0.0):.3f}" for t in TERMS),
                 f"{c.score:.3f}",
             )
         )
@@ -90,6 +117,12 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
             "  ".join(
                 cell.rjust(w) if j >= 4 else cell.ljust(w) for j, (cell, w) in enumerate(zip(r, widths, strict=True))
             ).rstrip()
+        )
+    if rules is not None and decision.candidates:
+        w = rules.weights
+        lines.append(
+            f"score = ({w.budget:g}×budget + {w.cost:g}×cost + {w.load:g}×load + {w.affinity:g}×affinity) / "
+            f"{w.budget + w.cost + w.load + w.affinity:g} (routing.weights); each term 0..1, higher is better"
         )
     if decision.excluded:
         lines.append("")

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from gateway.config.models import Name
-from gateway.strict import Frozen
+from gateway.strict import HTTP_URL, WORD, ZMQ_TCP, Frozen
 
 
 class CapabilitiesConfig(Frozen):
@@ -114,7 +114,7 @@ class _HttpEngine(_Placement):
     """The backend's name (unique): in logs, metrics, ``x-enginegate-backend`` and routing rules."""
     model: Name
     """The ``models[].name`` this backend serves."""
-    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+")]
+    url: Annotated[str, Field(pattern=HTTP_URL)]
     """The engine's base URL (``http://host:port``, or ``https://`` with ``tls``), without the API path."""
     served_model: str | None = None
     """The model name the engine knows; default: ``model``."""
@@ -146,9 +146,9 @@ class _HttpEngine(_Placement):
 class KvEventsConfig(Frozen):
     """Where a vLLM publishes its KV-cache events (``--kv-events-config``, publisher ``zmq``)."""
 
-    endpoint: Annotated[str, Field(pattern=r"^tcp://[^\s/]+:\d+$")]
+    endpoint: Annotated[str, Field(pattern=ZMQ_TCP)]
     """vLLM's ``endpoint`` as this gateway reaches it: ``tcp://host:port`` (vLLM binds ``tcp://*:port``)."""
-    replay_endpoint: Annotated[str, Field(pattern=r"^tcp://[^\s/]+:\d+$")] | None = None
+    replay_endpoint: Annotated[str, Field(pattern=ZMQ_TCP)] | None = None
     """vLLM's ``replay_endpoint``: events missed in a gap are asked again there (else the index restarts)."""
     topic: str = ""
     """vLLM's ``topic`` (its default is empty)."""
@@ -168,7 +168,7 @@ class TrtllmServeConfig(_HttpEngine):
     """TensorRT-LLM's ``trtllm-serve``, through its OpenAI API."""
 
     engine: Literal["trtllm_serve"]
-    tool_parser: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = None
+    tool_parser: Annotated[str, Field(pattern=WORD)] | None = None
     """The server's ``--tool_parser`` (e.g. ``qwen3``), when it was launched with one: it then answers
     with ``tool_calls``. Without it the call markup comes back as text and the gateway parses it with
     the model's ``tool_parser`` (a model without one is served no ``tools``)."""

@@ -8,6 +8,7 @@ files exist, and raises ``ConfigError`` listing every problem as
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,11 +17,13 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from backends.gguf_file import GgufCache
 from gateway.config.engines import ENGINES
 from gateway.config.models import ModelConfig
 from gateway.config.schema import GatewayConfig
+from gateway.strict import PATTERN_MEANINGS
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,10 @@ class LoadedConfig:
     path: Path
     ggufs: GgufCache = field(default_factory=GgufCache, compare=False, repr=False)
     """GGUF files parsed once, shared by every reader of this config and carried across reloads."""
+    lines: dict[tuple[Any, ...], int] = field(default_factory=dict, compare=False, repr=False)
+    """Each key path's line in the file, for checks made after validation (``where``)."""
+    source: str = field(default="", compare=False, repr=False)
+    """The file as it was named (problems quote it so)."""
 
     def resolve(self, relative: str) -> Path:
         p = Path(os.path.expanduser(relative))
@@ -42,6 +49,10 @@ class LoadedConfig:
             return self.resolve(self.config.server.cache_dir)
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return Path(base) / "enginegate"
+
+    def where(self, *loc: Any) -> str:
+        """``FILE:LINE: key.path`` of a key path such as ``("backends", 2, "gpu")``."""
+        return f"{self.source or self.path}:{_line(self.lines, loc)}: {_dotted(loc)}"
 
     def model(self, name: str) -> ModelConfig:
         return next(m for m in self.config.models if m.name == name)
@@ -107,24 +118,45 @@ def parse_config(text: str, source: str = "<config>") -> tuple[GatewayConfig, di
         for err in exc.errors(include_url=False):
             # Tagged unions add the tag as a path element; it is not a key in the file.
             loc = tuple(p for p in err["loc"] if p not in ENGINES)
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown key {loc[-1]!r}"
-            elif err["type"] == "union_tag_invalid":
-                loc = (*loc, "engine")
-                ctx = err.get("ctx", {})
-                msg = f"unknown engine {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
-            elif err["type"] == "value_error" and not loc:
+            if err["type"] == "value_error" and not loc:
                 # Cross-field checks name their own key paths: "backends[0].gpu: ...; routing.rules[1]...: ..."
-                for part in msg.removeprefix("Value error, ").split("; "):
+                for part in err["msg"].removeprefix("Value error, ").split("; "):
                     path, _, text = part.partition(": ")
-                    where = _parse_path(path)
-                    problems.append(f"{source}:{_line(lines, where)}: {path}: {text}")
+                    problems.append(f"{source}:{_line(lines, _parse_path(path))}: {path}: {text}")
                 continue
-            elif err["type"] == "value_error":
-                msg = msg.removeprefix("Value error, ")
+            loc, msg = _explained(err, loc)
             problems.append(f"{source}:{_line(lines, loc)}: {_dotted(loc)}: {msg}")
         raise ConfigError(problems) from exc
+
+
+_PLAIN = {
+    "missing": "required, but missing",
+    "model_type": "must be a mapping (key: value lines)",
+    "model_attributes_type": "must be a mapping (key: value lines)",
+    "dict_type": "must be a mapping (key: value lines)",
+    "list_type": "must be a list (lines starting with -)",
+}
+
+
+def _explained(err: ErrorDetails, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
+    """(key path, message) of one validation error in the file's words: no regular expression, no
+    pydantic term (a tagged union's tag, a model type)."""
+    kind, ctx, known = err["type"], err.get("ctx", {}), ", ".join(ENGINES)
+    if kind == "extra_forbidden":
+        return loc, f"unknown key {loc[-1]!r}"
+    if kind == "union_tag_invalid":
+        return (*loc, "engine"), f"unknown engine {ctx.get('tag')!r} (known engines: {known})"
+    if kind == "union_tag_not_found":
+        keys = [k for k in err["input"] if isinstance(k, str)] if isinstance(err["input"], dict) else []
+        typo = difflib.get_close_matches("engine", keys, n=1, cutoff=0.6)
+        if typo:
+            return (*loc, typo[0]), f"unknown key {typo[0]!r}: did you mean 'engine'? (known engines: {known})"
+        return loc, f"every backend needs engine: one of {known}"
+    if kind == "string_pattern_mismatch":
+        return loc, PATTERN_MEANINGS.get(str(ctx.get("pattern")), "is not in the accepted form")
+    if kind in _PLAIN:
+        return loc, _PLAIN[kind]
+    return loc, err["msg"].removeprefix("Value error, ")
 
 
 def default_config() -> Path:
@@ -143,7 +175,7 @@ def load_config(path: str | Path, ggufs: GgufCache | None = None) -> LoadedConfi
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
     config, lines = parse_config(text, str(path))
-    loaded = LoadedConfig(config, path.resolve(), ggufs or GgufCache())
+    loaded = LoadedConfig(config, path.resolve(), ggufs or GgufCache(), lines, str(path))
     problems = []
     for i, m in enumerate(config.models):
         if m.gguf is not None and not loaded.resolve(m.gguf).is_file():

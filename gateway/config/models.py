@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gateway.strict import Frozen
+from gateway.strict import NAME, Frozen
 
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME)]
 
 
 class ModelConfig(Frozen):

@@ -179,7 +179,8 @@ class _Operations:
         snapshot = self.state.fleet.snapshot()
         if body.messages is not None or body.prompt is not None:
             features = await self._with_prompt(features, body, snapshot)
-        return _json(to_dict(choose(features, snapshot, self.state.runtime.rules), features))
+        rules = self.state.runtime.rules
+        return _json(to_dict(choose(features, snapshot, rules), features, rules))
 
     async def _with_prompt(
         self, features: RequestFeatures, body: ExplainBody, snapshot: FleetSnapshot
@@ -209,6 +210,8 @@ class _Operations:
                 "token_counts": entries[b.name].capabilities.token_counts if b.name in entries else None,
                 "context": b.profile.context,  # the engine's own context, where it published or refused one
                 "healthy": b.healthy,
+                # why: the last probe's word (an engine's answer, or the error that reaching it gave)
+                "detail": entries[b.name].health.detail if b.name in entries else None,
                 "running": b.running,
                 "waiting": b.waiting,
                 "load_fresh": b.load_fresh,

@@ -25,6 +25,8 @@ class Entry:
     backend: Backend
     profile: BackendProfile
     health: Health = field(default_factory=lambda: Health(ok=False, detail="not polled yet"))
+    probed: bool = False
+    """Whether its health was probed yet (the first result is logged, healthy or not)."""
     load: Load | None = None
     load_at: float = 0.0
     observed: Observed = field(default_factory=Observed)

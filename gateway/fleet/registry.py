@@ -190,11 +190,15 @@ class Fleet:
             log.exception("probing backend %s failed unexpectedly", entry.name, extra={"backend": entry.name})
             entry.health = Health(ok=False, detail=f"probe failed: {type(exc).__name__}: {exc}")
             load = None
-        if entry.health.ok != was:
+        first, entry.probed = not entry.probed, True
+        if first or entry.health.ok != was:
+            # The first probe is logged either way: a backend down from the start says why once.
             log.log(
                 logging.INFO if entry.health.ok else logging.WARNING,
-                "backend %s is %s", entry.name, "healthy" if entry.health.ok else "unhealthy",
-                extra={"backend": entry.name, "detail": entry.health.detail[:200]},
+                "backend %s is %s%s", entry.name, "healthy" if entry.health.ok else "unhealthy",
+                " (first probe)" if first else "",
+                extra={"backend": entry.name, "healthy": entry.health.ok, "detail": entry.health.detail[:200],
+                       "first_probe": first},
             )  # fmt: skip
         if load is not None:
             entry.load, entry.load_at, entry.in_flight_at_poll = load, time.monotonic(), entry.in_flight

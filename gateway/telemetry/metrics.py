@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import os
+import platform
 from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any, Protocol
 
@@ -167,6 +169,14 @@ class _FleetGauges:
                 self.breaker.remove(name, state.value)
 
 
+def version() -> str:
+    """The installed package's version (``enginegate --version``, ``enginegate_build_info``)."""
+    try:
+        return importlib.metadata.version("enginegate")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 class Metrics:
     def __init__(
         self,
@@ -185,6 +195,11 @@ class Metrics:
         self._define_request_series(r)
         self._define_routing_series(r)
         self.fleet = _FleetGauges(r, backends, snapshot, event_streams)
+        build = Gauge(
+            "enginegate_build_info", "Always 1: the gateway's version and Python in labels.", ["version", "python"],
+            registry=r, multiprocess_mode="max",
+        )  # fmt: skip
+        build.labels(version(), platform.python_version()).set(1.0)
 
     def _define_request_series(self, r: CollectorRegistry) -> None:
         """What requests did: counts by outcome, their times, tokens and how many are in flight."""

@@ -35,25 +35,32 @@ _LIMIT_OPTIONS = (
 )
 
 
+_ID = "the key's id (8 hex digits, as keys list shows it)"
+
+
 def add_parser(sub: Any, default_config: Path) -> None:
     keys = sub.add_parser("keys", help="manage API keys (in the key database)")
-    keys.add_argument("--config", type=Path, default=default_config)
+    keys.add_argument("--config", type=Path, default=default_config, help="the config file (its auth.database)")
     keys.add_argument("--database", help="SQLite file or postgresql:// DSN (default: the config's auth.database)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     for name, help_text in (("create", "create a key and print it (once)"), ("update", "change a key's limits")):
         p = keys_sub.add_parser(name, help=help_text)
         if name == "update":
-            p.add_argument("id")
-            p.add_argument("--enable", dest="enabled", action="store_const", const=True, default=None)
-            p.add_argument("--disable", dest="enabled", action="store_const", const=False)
+            p.add_argument("id", help=_ID)
+            p.add_argument(
+                "--enable", dest="enabled", action="store_const", const=True, default=None, help="accept it again"
+            )
+            p.add_argument(
+                "--disable", dest="enabled", action="store_const", const=False, help="refuse it (401), keeping it"
+            )
         for flag, kind, text in _LIMIT_OPTIONS:
             p.add_argument(flag, type=kind, default=None, help=text)
     keys_sub.add_parser("list", help="list keys (never their secrets)")
     for name in ("show", "revoke"):
-        keys_sub.add_parser(name, help=f"{name} a key").add_argument("id")
+        keys_sub.add_parser(name, help=f"{name} a key").add_argument("id", help=_ID)
     usage = keys_sub.add_parser("usage", help="requests, tokens and spend by day and model")
-    usage.add_argument("id")
-    usage.add_argument("--days", type=int, default=31)
+    usage.add_argument("id", help=_ID)
+    usage.add_argument("--days", type=int, default=31, help="days of usage to sum, up to today")
     hashed = keys_sub.add_parser("hash", help="the id and sha256 to declare a key in YAML (auth.keys)")
     hashed.add_argument("token", help="the key; '-' reads it from standard input")
     keys.set_defaults(func=run)

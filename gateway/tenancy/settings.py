@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.strict import Frozen
+from gateway.strict import HEX8, HEX64, Frozen
 
-KeyId = Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]
+KeyId = Annotated[str, Field(pattern=HEX8)]
 DEFAULT_CLASSES = {"high": 100, "default": 0, "low": -100}
 
 
@@ -45,7 +45,7 @@ class DeclaredKey(KeyLimits):
 
     id: KeyId
     """The key's id: 8 hex digits, the part of the token after ``sk-eg-`` and before the secret."""
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    sha256: Annotated[str, Field(pattern=HEX64)]
     """SHA-256 of the whole token in hex; the token itself is never written down."""
 
 

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.doors",),  # the front doors (and the admin API): they use the pipeline, never the reverse
     ("gateway.api_app",),  # the OpenAPI document of every door
     ("gateway.app", "gateway.epp"),  # the composition roots: the ASGI app and its routes; the endpoint picker
+    ("gateway.ops",),  # the operator's commands: config check/show/schema, route explain
     ("gateway.cli",),  # the `enginegate` command: serve, explain, simulate, keys
 )
 
