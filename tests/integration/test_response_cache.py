@@ -6,6 +6,7 @@ never an answer that failed or was cut; in memory and in a real redis-server, wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,11 @@ def config(cache: str, auth: str = "", redis: str = "") -> str:
         "limits: {health_interval_s: 0.2}",
         "models: [{name: m, params_b: 8}, {name: other, params_b: 8}]",
         "backends:",
-        "  - {name: b, engine: vllm, url: 'http://127.0.0.1:9', model: m, gpu: H100, capabilities: {enable: [seed, tools]}}",
-        "  - {name: o, engine: vllm, url: 'http://127.0.0.1:9', model: other, gpu: H100, capabilities: {enable: [seed, tools]}}",
+        *(
+            f"  - {{name: {name}, engine: vllm, url: 'http://127.0.0.1:9', model: {model}, gpu: H100,"
+            " capabilities: {enable: [seed, tools]}}"
+            for name, model in (("b", "m"), ("o", "other"))
+        ),
         "",
     ])  # fmt: skip
 
@@ -61,7 +65,8 @@ class Gateway:
 
     def streamed(self, key: str = "unused", **params: Any) -> tuple[str, str, str | None]:
         """The same, streamed: the deltas joined as the client reads them."""
-        raw = self.client(key).chat.completions.with_raw_response.create(model="m", messages=HELLO, stream=True, **params)
+        create = self.client(key).chat.completions.with_raw_response.create
+        raw = create(model="m", messages=HELLO, stream=True, **params)
         text, finish = [], None
         for chunk in raw.parse():
             for choice in chunk.choices:
@@ -71,7 +76,7 @@ class Gateway:
 
     def metric(self, name: str) -> float:
         for line in httpx.get(f"{self.base}/metrics").text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
+            if line.startswith((name + " ", name + "{")):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
@@ -97,6 +102,7 @@ class Engine(ScriptedBackend):
             self.closed_streams += 1
 
 
+@contextlib.contextmanager
 def serving(tmp_path: Path, text: str) -> Iterator[Gateway]:
     tmp_path.mkdir(exist_ok=True)
     engine = Engine("b", "m", words=list(WORDS))
@@ -108,7 +114,8 @@ def serving(tmp_path: Path, text: str) -> Iterator[Gateway]:
 
 @pytest.fixture()
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    yield from serving(tmp_path, config("enabled: true"))
+    with serving(tmp_path, config("enabled: true")) as gw:
+        yield gw
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -156,23 +163,22 @@ TOOLS: Any = [{"type": "function", "function": {"name": "send_mail", "parameters
 def test_requests_with_tools_are_cached_only_when_the_config_says_so(tmp_path: Path) -> None:
     for allowed, expected in ((False, ["bypass", "bypass"]), (True, ["miss", "hit"])):
         text = config(f"enabled: true, cache_tools: {str(allowed).lower()}")
-        for gateway in serving(tmp_path, text):
+        with serving(tmp_path / str(allowed), text) as gateway:
             assert [gateway.chat(temperature=0, tools=TOOLS)[0] for _ in range(2)] == expected
 
 
 def keys(n: int, teams: list[str]) -> tuple[list[str], str]:
     """``n`` tokens, and the ``auth.keys`` that declare them (with their teams)."""
     made = [new_token() for _ in range(n)]
-    declared = ", ".join(f"{{id: '{i}', sha256: '{digest(t)}', team: {team}}}" for (i, t), team in zip(made, teams))
+    rows = (f"{{id: '{i}', sha256: '{digest(t)}', team: {team}}}" for (i, t), team in zip(made, teams, strict=True))
+    declared = ", ".join(rows)
     return [t for _, t in made], f"required: true, keys: [{declared}]"
 
 
 @pytest.mark.parametrize(("scope", "third"), [("key", "miss"), ("team", "hit"), ("global", "hit")])
-def test_no_key_reads_another_keys_answers_unless_the_scope_shares_them(
-    tmp_path: Path, scope: str, third: str
-) -> None:
+def test_no_key_reads_another_keys_answers_unless_the_scope_shares_them(tmp_path: Path, scope: str, third: str) -> None:
     (a, b, c), auth = keys(3, ["red", "blue", "red"])
-    for gateway in serving(tmp_path, config(f"enabled: true, scope: {scope}", auth)):
+    with serving(tmp_path, config(f"enabled: true, scope: {scope}", auth)) as gateway:
         assert [gateway.chat(a, temperature=0)[0] for _ in range(2)] == ["miss", "hit"]
         assert gateway.chat(b, temperature=0)[0] == ("hit" if scope == "global" else "miss")
         assert gateway.chat(c, temperature=0)[0] == third  # c is in a's team
@@ -219,16 +225,15 @@ def test_answers_are_shared_through_redis_and_expire(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     try:
         text = config("enabled: true, ttl_s: 1", redis=f"url: '{server.url}'")
-        for one in serving(tmp_path, text):
-            for two in serving(tmp_path / "two", text):  # another replica, the same Redis
-                assert one.streamed(temperature=0)[0] == "miss"
-                assert two.streamed(temperature=0) == ("hit", "".join(WORDS), "stop")
-                assert two.engine.calls == 0
-                expired = lambda: one.chat(temperature=0)[0] == "miss"  # noqa: E731
-                wait_until(expired, timeout=20, interval=0.1, message="the entry never expired")
-                server.stop()  # Redis gone: the engine answers, never an error
-                assert one.chat(temperature=0)[0] == "bypass"
-                assert one.metric('enginegate_cache_lookups_total{result="error"}') >= 1
+        # Two replicas, one Redis.
+        with serving(tmp_path / "one", text) as one, serving(tmp_path / "two", text) as two:
+            assert one.streamed(temperature=0)[0] == "miss"
+            assert two.streamed(temperature=0) == ("hit", "".join(WORDS), "stop")
+            assert two.engine.calls == 0
+            wait_until(lambda: one.chat(temperature=0)[0] == "miss", timeout=20, interval=0.1, message="never expired")
+            server.stop()  # Redis gone: the engine answers, never an error
+            assert one.chat(temperature=0)[0] == "bypass"
+            assert one.metric('enginegate_cache_lookups_total{result="error"}') >= 1
     finally:
         server.stop()
 
