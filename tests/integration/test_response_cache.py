@@ -16,9 +16,11 @@ import anthropic
 import httpx
 import openai
 import pytest
+import redis
 
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from gateway.app import create_app
+from gateway.cache.stores import PREFIX, RedisStore
 from gateway.config import ConfigError, load_config
 from gateway.tenancy.keys import digest, new_token
 from tests.conftest import write_config
@@ -37,7 +39,9 @@ def config(cache: str, auth: str = "", redis: str = "") -> str:
         *([f"auth: {{{auth}}}"] if auth else []),
         *([f"redis: {{{redis}}}"] if redis else []),
         "limits: {health_interval_s: 0.2}",
-        "models: [{name: m, params_b: 8}, {name: other, params_b: 8}]",
+        "metrics: {protected: false}",
+        "models: [{name: m, params_b: 8, price_per_mtok_in: 1000, price_per_mtok_out: 2000},"
+        " {name: other, params_b: 8}]",
         "backends:",
         *(
             f"  - {{name: {name}, engine: vllm, url: 'http://127.0.0.1:9', model: {model}, gpu: H100,"
@@ -75,7 +79,7 @@ class Gateway:
         return raw.headers["x-enginegate-cache"], "".join(text), finish
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(f"{self.base}/metrics").text.splitlines():
+        for line in httpx.get(f"{self.base}/metrics").raise_for_status().text.splitlines():
             if line.startswith((name + " ", name + "{")):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
@@ -127,7 +131,7 @@ def test_a_repeated_deterministic_request_is_answered_once_by_the_engine(gateway
     assert second == ("hit", "".join(WORDS), "stop")
     assert gateway.engine.calls == 1  # the hit never reached an engine
     assert gateway.metric('enginegate_cache_lookups_total{result="hit"}') == 1
-    body = httpx.get(f"{gateway.base}/metrics").text
+    body = httpx.get(f"{gateway.base}/metrics").raise_for_status().text
     assert 'backend="cache"' in body and 'enginegate_cache_stores_total{outcome="stored"} 1.0' in body
 
 
@@ -186,6 +190,20 @@ def test_no_key_reads_another_keys_answers_unless_the_scope_shares_them(tmp_path
             gateway.chat("sk-eg-00000000_" + "x" * 43, temperature=0)
 
 
+def test_a_hit_counts_against_the_keys_rate_limit_but_is_not_charged(tmp_path: Path) -> None:
+    (a,), auth = keys(1, ["red"])
+    auth = auth.replace("team: red}", "team: red, rpm: 3}")
+    with serving(tmp_path, config("enabled: true", auth)) as gateway:
+        assert gateway.chat(a, temperature=0)[0] == "miss"
+        spent = gateway.metric('enginegate_team_spend_usd_total{team="red"}')
+        assert spent > 0
+        assert [gateway.chat(a, temperature=0)[0] for _ in range(2)] == ["hit", "hit"]
+        assert gateway.metric('enginegate_team_spend_usd_total{team="red"}') == spent  # no engine worked
+        with pytest.raises(openai.RateLimitError):
+            gateway.chat(a, temperature=0)  # the hits were requests all the same
+        assert gateway.engine.calls == 1
+
+
 def test_an_answer_that_failed_or_was_cut_is_never_stored(gateway: Gateway) -> None:
     gateway.engine.fail_with, gateway.engine.fail_after = BackendError(ErrorKind.UPSTREAM, "engine died"), 2
     with pytest.raises(openai.APIError):
@@ -234,6 +252,26 @@ def test_answers_are_shared_through_redis_and_expire(tmp_path: Path) -> None:
             server.stop()  # Redis gone: the engine answers, never an error
             assert one.chat(temperature=0)[0] == "bypass"
             assert one.metric('enginegate_cache_lookups_total{result="error"}') >= 1
+    finally:
+        server.stop()
+
+
+def test_the_redis_store_keeps_the_sum_of_its_entries_under_its_cap(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+
+    async def go() -> list[bytes | None]:
+        store = RedisStore(server.url, max_bytes=1000, timeout_s=1, retry_s=1)
+        for i in range(5):
+            await store.put(f"k{i}", bytes([65 + i]) * 400, 60)
+        await store.put("k4", b"E" * 400, 60)  # stored again: counted once
+        found = [await store.get(f"k{i}") for i in range(5)]
+        await store.aclose()
+        return found
+
+    try:
+        found = asyncio.run(go())
+        assert found == [None, None, None, b"D" * 400, b"E" * 400]
+        assert int(redis.Redis.from_url(server.url).get(PREFIX + "bytes") or 0) == 800
     finally:
         server.stop()
 
