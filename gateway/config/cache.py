@@ -25,7 +25,7 @@ class CacheConfig(Frozen):
     """An answer larger than this (stored) is not cached."""
     scope: Literal["key", "team", "global"] = "key"
     """Who shares answers: each API key its own (``key``), the keys of one team (``team``; a key without a
-    team keeps its own), or everyone (``global``). Requests without a key share one scope."""
+    team keeps its own), or every key (``global``). Requests without a key share one scope of their own."""
     models: list[str] = []
     """Glob patterns of the models whose answers are cached; empty: every model."""
     cache_tools: bool = False
