@@ -95,3 +95,34 @@ def test_the_memory_store_drops_the_least_recently_used_beyond_its_bytes_and_exp
         assert await store.get("d") is None and store.bytes == 200
 
     asyncio.run(go())
+
+
+def test_answers_stored_under_one_model_version_are_not_served_under_another() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.cache.responses import ResponseCache
+    from gateway.config import GatewayConfig
+
+    def config(**changes: object) -> GatewayConfig:
+        base: dict[str, object] = {
+            "cache": {"enabled": True},
+            "models": [{"name": "m", "params_b": 8}],
+            "backends": [{"name": "b", "engine": "vllm", "url": "http://127.0.0.1:9", "model": "m", "gpu": "H100"}],
+        }
+        return GatewayConfig.model_validate({**base, **changes}, strict=False)
+
+    async def go() -> list[str]:
+        cache = ResponseCache(MemoryStore(1 << 20), CollectorRegistry())
+        answer = [Chunk(text="a"), Chunk(finish_reason="stop", usage=Usage(1, 1))]
+        first = config()
+        found = await cache.lookup(first, GEN, "k1", None)
+        assert found.key is not None
+        await cache.keep(first, found.key, answer, 1)
+        reloaded = [
+            config(),  # the same file read again: the same version
+            config(cache={"enabled": True, "version": "2026-12"}),
+            config(models=[{"name": "m", "params_b": 8, "chat_template": "{{ messages }}"}]),
+        ]
+        return [(await cache.lookup(c, GEN, "k1", None)).header for c in reloaded]
+
+    assert asyncio.run(go()) == ["hit", "miss", "miss"]
