@@ -284,6 +284,8 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
             await state.fleet.aclose()
             if state.tenancy is not None:
                 await state.tenancy.aclose()  # the last usage written
+            if state.cache is not None:
+                await state.cache.store.aclose()
             state.metrics.close()
 
     return lifespan

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
+from gateway.cache import responses as response_cache
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
 from gateway.fleet.catalog import PromptCounter, prompt_counters
 from gateway.fleet.catalog import rules as build_rules
@@ -87,6 +88,8 @@ class AppState:
             )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
+        self.cache = response_cache.build(cfg, self.metrics.registry)
+        """The response cache (gateway/cache); None unless ``cache.enabled``."""
         self.started = int(time.time())
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""

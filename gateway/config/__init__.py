@@ -8,6 +8,7 @@ one import the rest of the code needs.
 
 from __future__ import annotations
 
+from gateway.config.cache import CacheConfig
 from gateway.config.engines import (
     ENGINES,
     BackendConfig,
@@ -46,6 +47,7 @@ __all__ = [
     "BackendConfig",
     "BreakerConfig",
     "CTranslate2Config",
+    "CacheConfig",
     "CapabilitiesConfig",
     "ConfigError",
     "EfficiencyConfig",

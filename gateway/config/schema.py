@@ -6,6 +6,7 @@ import importlib.util
 
 from pydantic import Field, model_validator
 
+from gateway.config.cache import CacheConfig
 from gateway.config.engines import ENGINES, BackendConfig, CTranslate2Config, LlamaCppConfig
 from gateway.config.models import EfficiencyConfig, GpuConfig, ModelConfig
 from gateway.config.rules import RoutingConfig
@@ -29,6 +30,8 @@ class GatewayConfig(Frozen):
     """API keys: whether they are required, where they live, their limits."""
     redis: RedisConfig = RedisConfig()
     """The Redis that replicas share limits, budgets and prefix blocks through."""
+    cache: CacheConfig = CacheConfig()
+    """The response cache: repeated deterministic requests answered without an engine (off by default)."""
     gpus: list[GpuConfig] = []
     """GPUs beyond the built-in catalog (A10G, L4, A100-40GB, A100-80GB, H100, H200), or replacing an entry."""
     engine_efficiency: dict[str, EfficiencyConfig] = {}
@@ -82,6 +85,8 @@ class GatewayConfig(Frozen):
                 )
         if self.routing.prefix.share and not self.redis.url:
             errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
+        if self.cache.enabled and self.cache.store == "redis" and not self.redis.url:
+            errors.append("cache.store: 'redis' needs redis.url")
         if errors:
             raise ValueError("; ".join(errors))
         return self

@@ -15,7 +15,7 @@ _ALLOW_HEADERS = b"authorization, content-type, x-request-id, x-priority, x-tena
 )
 _EXPOSE = (
     b"x-request-id, x-client-request-id, x-enginegate-backend, x-enginegate-route, x-enginegate-overhead-ms, "
-    b"retry-after"
+    b"x-enginegate-cache, retry-after"
 )
 
 

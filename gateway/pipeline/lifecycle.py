@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
+_NOTHING = Usage(0, 0)
 
 
 class RequestLife:
@@ -180,6 +181,13 @@ class RequestLife:
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)
 
+    def from_cache(self, usage: Usage | None) -> None:
+        """Answered from the response cache: no engine worked, so the key is charged the request (its
+        rate limits) but no tokens or dollars."""
+        self._tried = "cache"
+        if self._open():
+            self._record("ok", 200, usage, None, charged=_NOTHING)
+
     def _reuse_reported(self, entry: Entry, cached_tokens: int) -> None:
         self.state.metrics.cached(entry.name, cached_tokens)
         sent, f = self._sent.get(entry.name), self.features
@@ -248,10 +256,17 @@ class RequestLife:
         return True
 
     def _record(
-        self, outcome: str, status: int | None, usage: Usage | None, error: BackendError | None, code: str | None = None
+        self,
+        outcome: str,
+        status: int | None,
+        usage: Usage | None,
+        error: BackendError | None,
+        code: str | None = None,
+        charged: Usage | None = None,
     ) -> None:
+        """``charged``: the usage tenancy settles, when not the answer's."""
         backend = self.backend
-        cost = self.on_end(usage, self.entry is not None) if self.on_end is not None else None
+        cost = self.on_end(charged or usage, self.entry is not None) if self.on_end is not None else None
         self.state.metrics.request(self.route, self.model, backend, outcome, status)
         if not log.isEnabledFor(logging.INFO):
             return

@@ -29,12 +29,13 @@ from gateway.fleet.accounting import note_context
 from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
-from gateway.pipeline import dispatch
+from gateway.pipeline import cached, dispatch
 from gateway.pipeline.dispatch import Committed, Deadlines
+from gateway.pipeline.events import Events
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
-from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, UsageTotal, Work
+from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, Work
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
 from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
@@ -74,6 +75,11 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
     if key is not None and tenancy is not None:
         feats = await _admit(tenancy, key, rt, work, feats, snapshot, "x-priority" in headers, life)
+    missed = None
+    if state.cache is not None and isinstance(work, Generation):  # after admission: limits count a hit
+        answered, missed = await cached.look(state.cache, rt.config, work.gen, feats, ex, work, life)
+        if answered:
+            return
     decision = _route(state, rt, feats, snapshot, work, life)
     if key is not None and tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
@@ -84,13 +90,17 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         # A stream's headers go out with its first token: what the gateway added up to there.
         life.overhead_header(work.clock.waited_s)
         ex.failure = answer.failure  # a shutdown that cuts the stream ends it in this front door's events
-        await _stream(ex, committed, answer, life)
+        kept = await _stream(ex, committed, answer, life, missed is not None)
+        if missed is not None and kept is not None:
+            await missed.keep(kept)
         return
     doc, usage = work.whole(committed.first)  # a whole answer: dispatch read it to its end
     life.answered(usage)
     payload = orjson.dumps(doc)
     life.overhead_header(work.clock.waited_s)
     await ex.respond(200, payload)
+    if missed is not None:
+        await missed.keep(committed.first)
 
 
 async def _json(ex: Exchange, headers: Mapping[str, str], limits: LimitsConfig) -> Any:
@@ -318,44 +328,14 @@ def _drop_unsupported(
     return gen, needs(gen), extras - set(dropped_extras)
 
 
-class _Events:
-    """A stream's events as its chunks come: those of chunks that arrived together go out in one write."""
-
-    __slots__ = ("_answer", "_held", "_total", "usage")
-
-    def __init__(self, answer: Answer) -> None:
-        self._answer = answer
-        self._held = answer.opening()
-        self._total = UsageTotal()
-        self.usage: Usage | None = None
-
-    def add(self, chunk: Chunk) -> bytes | None:
-        """The bytes to write now, if any."""
-        if chunk.usage is not None:
-            self._total.add(chunk)
-            self.usage = self._total.usage
-        data = self._answer.chunk(chunk)
-        if data is not None:
-            self._held.append(data)
-        if self._held and not chunk.more:
-            out = b"".join(self._held)
-            self._held = []
-            return out
-        return None
-
-    def closing(self) -> bytes:
-        return b"".join(self._held) + self._answer.closing(self.usage)
-
-    def failed(self, error: ApiError) -> bytes:
-        """What arrived before the failure, then why."""
-        return b"".join(self._held) + self._answer.failure(error)
-
-
-async def _stream(ex: Exchange, committed: Committed[Entry], answer: Answer, life: RequestLife) -> None:
+async def _stream(
+    ex: Exchange, committed: Committed[Entry], answer: Answer, life: RequestLife, keep: bool
+) -> list[Chunk] | None:
     """The committed answer as SSE, read and written in this one coroutine (no generator between
     the backend's stream and the socket). A failure of the engine or of the gateway ends the stream
-    in an error event; the client leaving (the write raises, or the task is cancelled) does not."""
-    events = _Events(answer)
+    in an error event; the client leaving (the write raises, or the task is cancelled) does not.
+    ``keep``: returns the chunks of a stream that ran to its end (for the response cache)."""
+    events = Events(answer, keep)
     result = "cancelled"
     failure: BackendError | None = None
     writing = False  # an exception while writing is the client's side: it goes on, counted as cancelled
@@ -392,3 +372,4 @@ async def _stream(ex: Exchange, committed: Committed[Entry], answer: Answer, lif
         else:
             life.answered(events.usage, cancelled=result == "cancelled")
     await ex.end_stream()
+    return events.kept if result == "ok" else None

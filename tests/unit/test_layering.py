@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.tenancy.settings",),  # the auth: and redis: sections of the config schema
     ("gateway.config",),  # the YAML schema and its loader
     ("gateway.telemetry", "gateway.http"),  # metrics and logs; the connection layer (Exchange, ApiError, drain)
-    ("gateway.fleet", "gateway.tenancy"),  # the running backends; API keys, limits and usage
+    ("gateway.fleet", "gateway.tenancy", "gateway.cache"),  # the running backends; API keys, limits and
+    # usage; the response cache
     ("gateway.state",),  # what a running gateway holds: the config's runtime, fleet, tenancy, metrics
     ("gateway.pipeline",),  # the one generation pipeline
     ("gateway.doors",),  # the front doors (and the admin API): they use the pipeline, never the reverse

@@ -1,0 +1,1 @@
+"""The response cache: deterministic answers served again without an engine (``cache:``)."""
