@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.cli import sim_fleet  # noqa: E402
 from gateway.config import load_config  # noqa: E402
+from gateway.ops.sim_plots import plot  # noqa: E402
+from gateway.whatif.fleets import sim_fleet  # noqa: E402
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS  # noqa: E402
 from routing.sim import report  # noqa: E402
 from routing.sim.simulate import SimFleet  # noqa: E402
@@ -112,7 +113,7 @@ def section(
     took = time.perf_counter() - started
     lines, behind = verdict(points)
     policies = len({p.result.policy for p in points})
-    report.plot(points, png, title)
+    plot(points, png, title)
     body = [
         "",
         f"### {title}",

@@ -26,11 +26,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.config",),  # the YAML schema and its loader
     ("gateway.telemetry", "gateway.http"),  # metrics and logs; the connection layer (Exchange, ApiError, drain)
     ("gateway.fleet", "gateway.tenancy"),  # the running backends; API keys, limits and usage
+    ("gateway.whatif",),  # what a config would do: structural diff, decisions replayed, fleets simulated
     ("gateway.state",),  # what a running gateway holds: the config's runtime, fleet, tenancy, metrics
     ("gateway.pipeline",),  # the one generation pipeline
     ("gateway.doors",),  # the front doors (and the admin API): they use the pipeline, never the reverse
     ("gateway.api_app",),  # the OpenAPI document of every door
     ("gateway.app", "gateway.epp"),  # the composition roots: the ASGI app and its routes; the endpoint picker
+    ("gateway.ops",),  # the operator's commands: config check/show/schema, route explain
     ("gateway.cli",),  # the `enginegate` command: serve, explain, simulate, keys
 )
 
