@@ -35,6 +35,17 @@ def log_fields(r: Replayed) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def replayable(f: RequestFeatures) -> RequestFeatures:
+    """Only what the log carries (no prompt blocks, token ids or random draw): a request the gateway kept
+    routes in a replay as the same request read back from its log line."""
+    return RequestFeatures(
+        model=f.model, prompt_tokens=f.prompt_tokens, max_tokens=f.max_tokens, stream=f.stream,
+        latency_budget_ms=f.latency_budget_ms, ttft_budget_ms=f.ttft_budget_ms, tpot_budget_ms=f.tpot_budget_ms,
+        priority=f.priority, tenant=f.tenant, key=f.key, team=f.team, headers=tuple(sorted(f.headers)),
+        needs=f.needs, extras=f.extras,
+    )  # fmt: skip
+
+
 def _number(doc: Mapping[str, Any], key: str) -> float | None:
     value = doc.get(key)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -22,7 +22,7 @@ from typing import Any
 from gateway.config import LoadedConfig
 from gateway.fleet.catalog import rules as build_rules
 from gateway.whatif.fleets import idle_snapshot, sim_fleet
-from gateway.whatif.records import Replayed, from_log
+from gateway.whatif.records import Replayed, from_log, replayable
 from routing.policy import choose
 from routing.sim.policies import Enginegate
 from routing.sim.simulate import simulate
@@ -92,7 +92,8 @@ def moves(requests: Sequence[Replayed], old: LoadedConfig, new: LoadedConfig) ->
     after = (idle_snapshot(new), build_rules(new))
     pairs: Counter[tuple[str, str]] = Counter()
     for r in requests:
-        pairs[(_where(r.features, *before), _where(r.features, *after))] += 1
+        features = replayable(r.features)
+        pairs[(_where(features, *before), _where(features, *after))] += 1
     moved = sum(n for (a, b), n in pairs.items() if a != b)
     return {
         "requests": len(requests),

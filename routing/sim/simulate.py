@@ -110,8 +110,9 @@ class Result:
 
     @property
     def busy_cost_per_hour(self) -> float:
-        """Dollars per hour of arrival window the backends spent working (a fleet scaled to its work)."""
-        return self.busy_cost * 3600 / self.span_s
+        """Dollars per hour for the share of the arrival window each backend was working (what a fleet
+        scaled to its work pays), each backend's share at most all of it."""
+        return sum(self.cost_per_hour[n] * min(1.0, u) for n, u in self.utilization.items())
 
     def percentile(self, what: str, q: float) -> float:
         """Seconds; over answered requests. ``what``: ``ttft`` or ``e2e``."""
