@@ -12,9 +12,10 @@ RECENT_REQUESTS = 2000
 """Requests a gateway with an admin API keeps for ``POST /admin/config/diff`` to replay (the newest)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Replayed:
-    """One request as routing saw it, and how long its answer was."""
+    """One request as routing saw it, and how long its answer was (not frozen: built per request, and a
+    frozen dataclass costs microseconds to build)."""
 
     arrived_at: float
     """Seconds since the epoch (a trace's: seconds after its first request)."""
@@ -25,14 +26,21 @@ class Replayed:
 
 def log_fields(r: Replayed) -> dict[str, Any]:
     """What the request log line carries for a replay (``from_log`` reads it back); never prompt text,
-    and of the headers only those rules match on (``routing.features.RULE_HEADERS``)."""
+    and of the headers only those rules match on (``routing.features.RULE_HEADERS``). Empty
+    collections are left out: the line stays short for the common request."""
     f = r.features
-    return {
+    doc = {
         "arrived_at": r.arrived_at, "est_prompt_tokens": f.prompt_tokens, "max_tokens": f.max_tokens,
         "ttft_budget_ms": f.ttft_budget_ms, "latency_budget_ms": f.latency_budget_ms,
         "tpot_budget_ms": f.tpot_budget_ms, "priority": f.priority, "tenant": f.tenant, "team": f.team,
-        "route_headers": dict(f.headers), "needs": sorted(f.needs), "extras": sorted(f.extras),
     }  # fmt: skip
+    if f.headers:
+        doc["route_headers"] = dict(f.headers)
+    if f.needs:
+        doc["needs"] = sorted(f.needs)
+    if f.extras:
+        doc["extras"] = sorted(f.extras)
+    return doc
 
 
 def replayable(f: RequestFeatures) -> RequestFeatures:
