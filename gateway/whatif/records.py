@@ -29,7 +29,7 @@ def log_fields(r: Replayed) -> dict[str, Any]:
     and of the headers only those rules match on (``routing.features.RULE_HEADERS``). Empty
     collections are left out: the line stays short for the common request."""
     f = r.features
-    doc = {
+    doc: dict[str, Any] = {
         "arrived_at": r.arrived_at, "est_prompt_tokens": f.prompt_tokens, "max_tokens": f.max_tokens,
         "ttft_budget_ms": f.ttft_budget_ms, "latency_budget_ms": f.latency_budget_ms,
         "tpot_budget_ms": f.tpot_budget_ms, "priority": f.priority, "tenant": f.tenant, "team": f.team,
