@@ -49,6 +49,11 @@ def _configs(paths: list[Path]) -> dict[str, LoadedConfig] | None:
     return out
 
 
+def _outages(loaded: LoadedConfig, outages: list[str]) -> list[str]:
+    names = {b.name for b in loaded.config.backends}
+    return [o for o in outages if o.rsplit(":", 2)[0] in names]
+
+
 def _rates(text: str, flag: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
@@ -70,7 +75,16 @@ def run(args: argparse.Namespace) -> int:
     if configs is None:
         return 1
     try:
-        fleets = {label: sim_fleet(loaded, args.outage) for label, loaded in configs.items()}
+        several = len(configs) > 1  # an outage applies to the fleets that have its backend
+        fleets = {
+            label: sim_fleet(loaded, _outages(loaded, args.outage or []) if several else args.outage)
+            for label, loaded in configs.items()
+        }
+        if args.outage and several:
+            named = {b.name for loaded in configs.values() for b in loaded.config.backends}
+            for text in args.outage:
+                if text.rsplit(":", 2)[0] not in named:
+                    raise ValueError(f"--outage {text!r}: no fleet has that backend")
         rows = load_trace(args.trace)
         mix = parse_mix(args.mix) if args.mix else DEFAULT_MIX
         names = [m.name for m in next(iter(configs.values())).config.models if m.kind == "generate"]

@@ -4,6 +4,7 @@ item 3)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,18 @@ def test_failures_are_counted_by_reason(tmp_path: Path) -> None:
     assert failures["strict_429"] == len(rows) - m70  # a 60k-token prompt's first token in 50 ms: never
     assert failures["shed"] == failures["lost"] == 0
     assert len(COLUMNS) == len(set(COLUMNS))
+
+
+def test_an_outage_takes_down_the_backend_in_the_fleets_that_have_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    small, big = str(write_config(tmp_path / "small.yaml", SMALL)), str(write_config(tmp_path / "big.yaml", BIG))
+    args = ["simulate", "--config", small, "--config", big, "--trace", str(trace(tmp_path, 80)), "--rate", "2",
+            "--policies", "enginegate", "--models", "m8:0.5,m70:0.5"]  # fmt: skip
+    assert main([*args, "--outage", "a100x4-70b:0:1000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = [re.split(r" {2,}", line) for line in lines if line.startswith(("fleet ", "small ", "big "))]
+    table = {row[0]: dict(zip(cells[0], row, strict=True)) for row in cells[1:]}
+    assert int(table["small"]["no backend"]) > 0 and table["big"]["no backend"] == "0"
+    assert main([*args, "--outage", "nowhere:0:10"]) == 1
+    assert "no fleet has that backend" in capsys.readouterr().err
