@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
@@ -36,8 +37,28 @@ def diff(old: BaseModel, new: BaseModel) -> list[Change]:
     return out
 
 
+ORDERED = frozenset({"routing.rules"})
+"""Named lists whose order means something: the first rule that matches applies."""
+SECRET_KEYS = frozenset({"sha256"})
+"""Fields whose values a diff never shows (an API key's hash)."""
+
+
 def _json(value: Any) -> Any:
-    return to_jsonable_python(value)
+    return _redact(to_jsonable_python(value))
+
+
+def _redact(value: Any) -> Any:
+    """``value`` without secrets: hashed keys hidden, a URL's password masked (``redis://:pw@host``)."""
+    if isinstance(value, dict):
+        return {k: "***" if k in SECRET_KEYS else _redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        parts = urlsplit(value)
+        if parts.password:
+            netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+            return urlunsplit(parts._replace(netloc=netloc))
+    return value
 
 
 def _join(prefix: str, key: str) -> str:
@@ -57,8 +78,11 @@ def _models(old: BaseModel, new: BaseModel, prefix: str, out: list[Change]) -> N
 
 
 def _named(items: Any) -> bool:
-    return isinstance(items, list) and all(isinstance(i, BaseModel) and isinstance(getattr(i, "name", None), str)
-                                           for i in items)  # fmt: skip
+    """A list of entries with distinct, non-empty names (API keys may have none: compared as a whole)."""
+    if not isinstance(items, list):
+        return False
+    names = [getattr(i, "name", None) if isinstance(i, BaseModel) else None for i in items]
+    return all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
 
 
 def _compare(old: Any, new: Any, path: str, out: list[Change]) -> None:
@@ -77,6 +101,8 @@ def _compare(old: Any, new: Any, path: str, out: list[Change]) -> None:
                 out.append(Change(where, "added", None, _json(new[key])))
             else:
                 _compare(old[key], new[key], where, out)
+    elif path.rpartition(".")[2] in SECRET_KEYS:
+        out.append(Change(path, "changed", "***", "***"))
     else:
         out.append(Change(path, "changed", _json(old), _json(new)))
 
@@ -94,7 +120,7 @@ def _lists(old: Sequence[Any], new: Sequence[Any], path: str, out: list[Change])
             _compare(before[name], item, f"{path}[{name}]", out)
     kept_before = [n for n in before if n in after]
     kept_after = [n for n in after if n in before]
-    if kept_before != kept_after:
+    if path in ORDERED and kept_before != kept_after:
         out.append(Change(path, "reordered", kept_before, kept_after))
 
 

@@ -173,3 +173,30 @@ def test_a_reload_answers_with_the_backends_and_settings_it_changed(
     assert ("added", "backends[trt-h100]") in paths and ("removed", "backends[vllm-h100-b]") in paths
     assert ("changed", "routing.rules[interactive].prefer") in paths
     assert rejected.status_code == 422 and rejected.json()["problems"]
+
+
+def test_the_diff_matches_entries_by_name_sees_rule_order_and_shows_no_secret() -> None:
+    from gateway.config import parse_config
+    from gateway.whatif.diff import diff
+
+    base = OLD.read_text()
+    third = '  - {name: vllm-h100-c, engine: vllm, url: "http://c:8000", model: llama-3.1-8b, gpu: H100}\n'
+    moved = base.replace("backends:\n", "backends:\n" + third)
+    old, _ = parse_config(moved)
+    lines = moved.splitlines()
+    first = next(i for i, line in enumerate(lines) if "vllm-h100-c" in line)
+    reordered = "\n".join([*lines[:first], *lines[first + 1 : first + 3], lines[first], *lines[first + 3 :]])
+    assert diff(old, parse_config(reordered)[0]) == []  # a backend moved in the file is no change
+    rules = "\n    - {name: batch, match: {latency_budget_ms: {min: 60000}}, avoid: [vllm-h100-a]}"
+    two, _ = parse_config(moved + rules)
+    swapped = moved.replace("  rules:\n", "  rules:" + rules + "\n")
+    changes = [c.to_dict() for c in diff(two, parse_config(swapped)[0])]
+    assert changes == [
+        {"path": "routing.rules", "kind": "reordered", "old": ["interactive", "batch"], "new": ["batch", "interactive"]}
+    ]
+    secret = "redis: {url: 'redis://:hunter2@cache:6379/0'}\n"
+    key = f"auth: {{keys: [{{id: 0a1b2c3d, sha256: '{'ab' * 32}'}}]}}\n"
+    changes = [c.to_dict() for c in diff(old, parse_config(secret + key + moved)[0])]
+    assert {c["path"] for c in changes} == {"auth.keys", "redis.url"}
+    shown = json.dumps(changes)
+    assert "hunter2" not in shown and "ab" * 32 not in shown and "redis://:***@cache:6379/0" in shown
