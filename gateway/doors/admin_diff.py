@@ -81,11 +81,6 @@ class ConfigDiff:
                            type="rate_limit_error", retry_after=DEADLINE_S)  # fmt: skip
         recent = list(self.state.recent or ())
         async with self._running:
-            try:
-                doc = await asyncio.to_thread(
-                    what_if, live, new, recent if len(recent) >= 2 else (), rates, loads or DEFAULT_SCALES, DEADLINE_S
-                )
-            except ValueError as exc:  # the recent requests arrived at one instant: no rate to scale
-                raise bad_request(str(exc)) from None
+            doc = await asyncio.to_thread(what_if, live, new, recent, rates, loads or DEFAULT_SCALES, DEADLINE_S)
         doc["replayed"] = len(recent)
         return Response(orjson.dumps(doc), media_type="application/json")

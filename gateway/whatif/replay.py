@@ -105,12 +105,16 @@ def moves(requests: Sequence[Replayed], old: LoadedConfig, new: LoadedConfig) ->
     }
 
 
+class NoRate(ValueError):
+    """The requests arrived at one instant (or there is one): no rate to simulate them at."""
+
+
 def logged_rate(requests: Sequence[Replayed]) -> float:
     """Requests per second between the first and last arrival."""
     times = [r.arrived_at for r in requests]
     span = max(times, default=0.0) - min(times, default=0.0)
     if len(times) < 2 or span <= 0:
-        raise ValueError("the log needs at least two requests at different times to have a rate")
+        raise NoRate("the requests need at least two arrivals at different times to have a rate")
     return (len(times) - 1) / span
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from gateway.config import LoadedConfig
 from gateway.whatif.diff import diff, summary
 from gateway.whatif.records import Replayed
-from gateway.whatif.replay import DEFAULT_SCALES, moves, table
+from gateway.whatif.replay import DEFAULT_SCALES, NoRate, moves, table
 from routing.sim.report import FAILURE_COLUMNS
 
 
@@ -31,7 +31,10 @@ def what_if(
     }
     if requests:
         doc["moves"] = moves(requests, old, new)
-        doc["table"] = table(requests, {"old": old, "new": new}, rates, scales, deadline_s)
+        try:
+            doc["table"] = table(requests, {"old": old, "new": new}, rates, scales, deadline_s)
+        except NoRate as exc:  # the moves stand; the simulator needs a rate to scale
+            doc["note"] = str(exc)
     return doc
 
 
@@ -71,6 +74,8 @@ def text(doc: dict[str, Any]) -> str:
         out += [f"  {p['from']} -> {p['to']}: {p['count']}" for p in m["from_to"] if p["from"] != p["to"]]
         stay = sum(p["count"] for p in m["from_to"] if p["from"] == p["to"])
         out.append(f"  unchanged: {stay}")
+    if doc.get("note"):
+        out += ["", f"Not simulated: {doc['note']}"]
     if doc["table"]:
         rows = [list(TABLE_COLUMNS), *(_cells(r) for r in doc["table"])]
         widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_COLUMNS))]

@@ -154,6 +154,9 @@ def test_a_reload_answers_with_the_backends_and_settings_it_changed(
 
     async def go(base: str) -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            before = await client.post("/admin/config/diff", json={"yaml": NEW.read_text()}, headers=ADMIN)
+            assert before.status_code == 200  # no traffic yet: the settings alone
+            assert before.json()["replayed"] == 0 and before.json()["moves"] == {} and len(before.json()["diff"]) == 5
             shutil.copy(NEW, config)
             applied = await client.post("/admin/reload", headers=ADMIN)
             config.write_text("models: [\n")
