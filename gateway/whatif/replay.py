@@ -37,7 +37,7 @@ DEFAULT_SCALES = (1.0, 2.0, 4.0)
 def _is_request_log(path: Path) -> bool:
     with path.open(encoding="utf-8") as f:
         for line in f:
-            if line.strip():
+            if line.lstrip().startswith("{"):
                 try:
                     doc = json.loads(line)
                 except ValueError:
@@ -53,8 +53,8 @@ def read_requests(path: Path, models: Sequence[str], seed: int = 0) -> list[Repl
         out = []
         with path.open(encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+                if not line.lstrip().startswith("{"):
+                    continue  # a blank line, or a process's own output in a log captured with 2>&1
                 try:
                     doc = json.loads(line)
                 except ValueError as exc:

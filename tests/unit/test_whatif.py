@@ -203,3 +203,19 @@ def test_the_diff_matches_entries_by_name_sees_rule_order_and_shows_no_secret() 
     assert {c["path"] for c in changes} == {"auth.keys", "redis.url"}
     shown = json.dumps(changes)
     assert "hunter2" not in shown and "ab" * 32 not in shown and "redis://:***@cache:6379/0" in shown
+
+
+def test_a_log_captured_with_other_output_replays_its_request_lines(tmp_path: Path) -> None:
+    from gateway.whatif.replay import read_requests
+
+    mixed = tmp_path / "serve.log"
+    lines = LOG.read_text().splitlines()
+    startup = '{"ts": "x", "level": "info", "logger": "enginegate.fleet", "msg": "backend vllm-h100-a healthy"}'
+    mixed.write_text(
+        "\n".join(["INFO: a line that is not JSON", startup, *lines[:10], "", "Traceback ...", *lines[10:]])
+    )
+    assert len(read_requests(mixed, [])) == 60
+    broken = tmp_path / "broken.log"
+    broken.write_text(startup + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"broken.log:2: not JSON"):
+        read_requests(broken, [])
