@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from gateway.config import ConfigError, LoadedConfig, load_config
+
+if TYPE_CHECKING:
+    from routing.sim.simulate import SimFleet
 
 
 class ProgressBar:
@@ -49,9 +52,23 @@ def _configs(paths: list[Path]) -> dict[str, LoadedConfig] | None:
     return out
 
 
-def _outages(loaded: LoadedConfig, outages: list[str]) -> list[str]:
-    names = {b.name for b in loaded.config.backends}
-    return [o for o in outages if o.rsplit(":", 2)[0] in names]
+def _fleets(configs: dict[str, LoadedConfig], outages: list[str]) -> dict[str, SimFleet]:
+    """Each config as a fleet; with several, an outage applies to those that have its backend (and is an
+    error when none has)."""
+    from gateway.whatif.fleets import sim_fleet
+
+    if len(configs) == 1:
+        return {label: sim_fleet(loaded, outages) for label, loaded in configs.items()}
+    named = {b.name for loaded in configs.values() for b in loaded.config.backends}
+    for text in outages:
+        if text.rsplit(":", 2)[0] not in named:
+            raise ValueError(f"--outage {text!r}: no fleet has that backend")
+    return {
+        label: sim_fleet(
+            loaded, [o for o in outages if o.rsplit(":", 2)[0] in {b.name for b in loaded.config.backends}]
+        )
+        for label, loaded in configs.items()
+    }
 
 
 def _rates(text: str, flag: str) -> list[float]:
@@ -65,7 +82,6 @@ def _rates(text: str, flag: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.whatif.fleets import sim_fleet
     from routing.sim import capacity, report
     from routing.sim.sweep import DEFAULT_POLICIES, POLICY_NAMES, compare, parse_shares
     from routing.sim.traces import load_trace
@@ -75,16 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if configs is None:
         return 1
     try:
-        several = len(configs) > 1  # an outage applies to the fleets that have its backend
-        fleets = {
-            label: sim_fleet(loaded, _outages(loaded, args.outage or []) if several else args.outage)
-            for label, loaded in configs.items()
-        }
-        if args.outage and several:
-            named = {b.name for loaded in configs.values() for b in loaded.config.backends}
-            for text in args.outage:
-                if text.rsplit(":", 2)[0] not in named:
-                    raise ValueError(f"--outage {text!r}: no fleet has that backend")
+        fleets = _fleets(configs, args.outage or [])
         rows = load_trace(args.trace)
         mix = parse_mix(args.mix) if args.mix else DEFAULT_MIX
         names = [m.name for m in next(iter(configs.values())).config.models if m.kind == "generate"]
