@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.cli import sim_fleet  # noqa: E402
 from gateway.config import load_config  # noqa: E402
+from gateway.ops.sim_plots import plot  # noqa: E402
+from gateway.whatif.fleets import sim_fleet  # noqa: E402
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS  # noqa: E402
 from routing.sim import report  # noqa: E402
 from routing.sim.simulate import SimFleet  # noqa: E402
@@ -91,12 +92,13 @@ def verdict(points: Sequence[report.Point]) -> tuple[list[str], list[str]]:
         here = {p.result.policy: p for p in points if p.load == load}
         ours = here["enginegate"].result
         best = strongest_peer(here).result
-        cheaper = [n for n, p in here.items() if n not in ENGINEGATE and p.result.busy_cost < ours.busy_cost]
+        ours_cost = ours.busy_cost_per_hour
+        cheaper = [n for n, p in here.items() if n not in ENGINEGATE and p.result.busy_cost_per_hour < ours_cost]
         margin = (ours.attainment - best.attainment) * 100
         lines.append(
             f"- {load:.0%}: enginegate {ours.attainment:.1%} within budget (cache hits {ours.cache_hit_rate:.1%}), "
             f"strongest peer {best.policy} {best.attainment:.1%} ({best.cache_hit_rate:.1%}): {margin:+.1f} points; "
-            f"busy GPU ${ours.busy_cost:.1f}" + (f", more than {', '.join(cheaper)}" if cheaper else ", the lowest")
+            f"busy GPU ${ours_cost:.2f}/h" + (f", more than {', '.join(cheaper)}" if cheaper else ", the lowest")
         )
         if margin <= 0:
             behind.append(f"{load:.0%} ({best.policy} {margin:+.1f} points)")
@@ -112,7 +114,7 @@ def section(
     took = time.perf_counter() - started
     lines, behind = verdict(points)
     policies = len({p.result.policy for p in points})
-    report.plot(points, png, title)
+    plot(points, png, title)
     body = [
         "",
         f"### {title}",
@@ -156,9 +158,11 @@ def main() -> None:
         "",
         "`within budget`: share of all requests whose first token and whole answer came within their budgets "
         "(failed and rejected requests count as missed). `cache hits`: share of answered requests' prompt tokens "
-        "the engines found in their prefix caches. `busy GPU $`: price of the time backends were working (what "
-        "a fleet that scales idle capacity away pays); `fleet $`: price of keeping the whole fleet up for the "
-        "arrival window, the same for every policy. `static` is a strawman (a hand-written engine table). "
+        "the engines found in their prefix caches. `busy GPU $/h`: price per hour of the share of the arrival "
+        "window each backend was working (what a fleet that scales idle capacity away pays); `fleet GPU $/h`: "
+        "price per hour of keeping the whole fleet up, the same for every policy. Requests without an answer are "
+        "counted by reason (shed by admission, strict 429, no backend, lost mid-answer). "
+        "`static` is a strawman (a hand-written engine table). "
         "`enginegate_2x`: two gateway replicas, requests split at random, each with its own prefix index; "
         "`enginegate_2x_shared`: the same sharing where they sent each prompt (`routing.prefix.share`, heard 5 ms "
         "later).",

@@ -1,4 +1,4 @@
-"""The ``enginegate`` command: ``serve``, ``epp``, ``config check``, ``route explain``, ``simulate`` and ``keys``."""
+"""The ``enginegate`` command: ``serve``, ``epp``, ``config``, ``route explain``, ``simulate`` and ``keys``."""
 
 from __future__ import annotations
 
@@ -10,81 +10,15 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.config import ConfigError, LoadedConfig, default_config
-from gateway.ops import config_cmd, explain_cmd
+from gateway.ops import config_cmd, diff_cmd, explain_cmd, simulate_cmd
 from gateway.ops.common import load_or_report
-
-if TYPE_CHECKING:
-    from routing.sim.simulate import SimFleet
 
 
 def _load(path: Path) -> LoadedConfig | None:
     return load_or_report(path)
-
-
-def sim_fleet(loaded: LoadedConfig, outages: list[str] | None = None) -> SimFleet:
-    """The config's backends, models and routing rules as the simulator's fleet (polled like the gateway)."""
-    from gateway.fleet.catalog import model_specs, profile, rules
-    from routing.sim.simulate import Outage, SimFleet
-
-    parsed = []
-    names = {b.name for b in loaded.config.backends}
-    for text in outages or []:
-        name, start, end = [*text.rsplit(":", 2), "", ""][:3]
-        try:
-            outage = Outage(name, float(start), float(end))
-        except ValueError:
-            raise ValueError(f"--outage {text!r}: expected BACKEND:START_S:END_S") from None
-        if name not in names or not outage.end_s > outage.start_s >= 0:
-            raise ValueError(f"--outage {text!r}: unknown backend or empty interval")
-        parsed.append(outage)
-    return SimFleet(
-        profiles=tuple(profile(b, loaded) for b in loaded.config.backends),
-        models=model_specs(loaded),
-        rules=rules(loaded),
-        poll_s=loaded.config.limits.health_interval_s,
-        outages=tuple(parsed),
-    )
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    """Replay a trace through every routing policy on the config's fleet and compare them."""
-    from routing.sim import report
-    from routing.sim.sweep import parse_shares, sweep
-    from routing.sim.traces import load_trace
-    from routing.sim.workload import DEFAULT_MIX, parse_mix
-
-    loaded = _load(args.config)
-    if loaded is None:
-        return 1
-    try:
-        fleet = sim_fleet(loaded, args.outage)
-        rows = load_trace(args.trace)
-        mix = parse_mix(args.mix) if args.mix else DEFAULT_MIX
-        names = [m.name for m in loaded.config.models]
-        shares = parse_shares(args.models) if args.models else [(n, 1 / len(names)) for n in names]
-        loads = [float(x) / 100 for x in args.load.split(",")]
-        capacity, points = sweep(
-            fleet, rows, loads, shares, mix=mix, seed=args.seed, duration_s=args.duration,
-            progress=lambda line: print(line, file=sys.stderr),
-        )  # fmt: skip
-    except (OSError, ValueError) as exc:
-        print(f"enginegate simulate: {exc}", file=sys.stderr)
-        return 1
-    print(f"{args.trace}: fleet capacity about {capacity:.2f} requests/s on this workload")
-    print(report.text(points))
-    print("\nBusy share of each backend (above 100%: work still draining after the last arrival):")
-    print(report.utilization(points))
-    if args.plot:
-        try:
-            report.plot(points, args.plot, f"{args.trace.name} on {args.config.name}")
-        except ImportError:
-            print("--plot needs matplotlib: pip install 'enginegate[sim]'", file=sys.stderr)
-            return 1
-        print(f"plot: {args.plot}")
-    return 0
 
 
 def _listener(host: str, port: int) -> socket.socket:
@@ -206,8 +140,8 @@ class _WithDefaults(argparse.ArgumentDefaultsHelpFormatter):
     """Every --help shows each option's default, where it has one worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, []):
-            return action.help
+        if action.default in (None, False, []) or "(default" in (action.help or ""):
+            return action.help  # none worth showing, or the help says it in its own words
         return super()._get_help_string(action)
 
 
@@ -252,19 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     epp.add_argument("--health-port", type=int, help="the same services on a second port (the reference's 9003)")
     _log_options(epp)
     epp.set_defaults(func=_epp)
-    config_cmd.add_parser(sub)
+    diff_cmd.add_parser(config_cmd.add_parser(sub))
     explain_cmd.add_parser(sub, default_config())
-    simulate = sub.add_parser("simulate", help="replay a trace through every routing policy and compare them")
-    simulate.add_argument("--config", type=Path, default=default_config(), help="the fleet (a gateway config)")
-    simulate.add_argument("--trace", type=Path, required=True, help="Azure LLM trace CSV, or CSV/JSONL")
-    simulate.add_argument("--load", default="50,80,100,120", help="offered loads, %% of fleet capacity")
-    simulate.add_argument("--models", help="model shares, e.g. llama-3.1-8b:0.8,llama-3.1-70b:0.2 (default: equal)")
-    simulate.add_argument("--mix", help="budget classes, e.g. chat:0.7:ttft=500,batch:0.3:e2e=60000")
-    simulate.add_argument("--duration", type=float, help="simulated seconds to replay (default: whole trace)")
-    simulate.add_argument("--outage", action="append", metavar="BACKEND:START_S:END_S", help="take a backend down")
-    simulate.add_argument("--seed", type=int, default=0, help="random seed of the workload (same seed, same run)")
-    simulate.add_argument("--plot", type=Path, help="write a PNG of attainment against load")
-    simulate.set_defaults(func=_simulate)
+    simulate_cmd.add_parser(sub, default_config())
     from gateway.tenancy import commands as keys_commands
 
     keys_commands.add_parser(sub, default_config())

@@ -13,9 +13,11 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
@@ -29,6 +31,8 @@ from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
+from gateway.whatif.diff import diff
+from gateway.whatif.records import RECENT_REQUESTS, Replayed
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
 
@@ -94,6 +98,8 @@ class AppState:
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""
         self._reloading = asyncio.Lock()
+        self.recent: deque[Replayed] | None = deque(maxlen=RECENT_REQUESTS) if cfg.admin.api_key_env else None
+        """The newest routed requests, for ``POST /admin/config/diff`` to replay (kept only with an admin API)."""
 
     @property
     def config(self) -> GatewayConfig:
@@ -101,7 +107,14 @@ class AppState:
 
     async def reload(self, path: Path | None = None) -> list[str]:
         """Apply the config file again (or ``path``); returns the problems, empty when applied."""
+        problems, _ = await self.reload_applied(path)
+        return problems
+
+    async def reload_applied(self, path: Path | None = None) -> tuple[list[str], dict[str, Any]]:
+        """``reload``, and what it applied: ``{"backends": {"kept", "started", "retired": [names]},
+        "diff": [every setting changed, by name]}`` (empty when rejected)."""
         async with self._reloading:
+            before = self.runtime.loaded
             source = path or self.runtime.loaded.path
             abandoned: list[Entry] = []
             try:
@@ -119,8 +132,8 @@ class AppState:
                 problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
                 self.metrics.reload("error")
                 log.error("config reload rejected, keeping the running config: %s", "; ".join(problems))
-                return problems
-            kept = sum(1 for name, e in entries.items() if current.get(name) is e)
+                return problems, {}
+            kept = [name for name, e in entries.items() if current.get(name) is e]
             started = [e for name, e in entries.items() if current.get(name) is not e]
             # New backends get their first health reading before they take traffic: swapped in
             # unpolled, they would count as unhealthy and a lone backend's requests would get 503s.
@@ -131,9 +144,11 @@ class AppState:
             if self.tenancy is not None:
                 self.tenancy.reconfigure(loaded.config.auth, tenancy.prices_of(loaded.config))
             self.metrics.reload("ok")
+            backends = {"kept": kept, "started": [e.name for e in started], "retired": [e.name for e in retired]}
+            changes = [c.to_dict() for c in diff(before.config, loaded.config)]
             log.info(
-                "config reloaded from %s: %d backends kept, %d started, %d retired",
-                source, kept, len(entries) - kept, len(retired),
+                "config reloaded from %s: backends kept %s, started %s, retired %s; %d settings changed",
+                source, kept, backends["started"], backends["retired"], len(changes),
             )  # fmt: skip
             self.fleet.after_poll()
-            return []
+            return [], {"backends": backends, "diff": changes}

@@ -1,4 +1,5 @@
-"""Admin endpoints (``/admin/...``): reload, explain a routing decision against the live fleet, fleet state,
+"""Admin endpoints (``/admin/...``): reload (answering with what it applied), a config's what-if diff
+(gateway/doors/admin_diff.py), explain a routing decision against the live fleet, fleet state,
 and API keys (create, list, show, update, revoke, usage) when the gateway has them.
 
 They need ``Authorization: Bearer <key>`` with the key from the environment variable named by
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.base import GenerationRequest
+from gateway.doors.admin_diff import ConfigDiff
 from gateway.doors.admin_keys import key_routes
 from gateway.http.errors import ApiError, bad_request, clip
 from gateway.http.peers import TrustedProxies
@@ -142,7 +144,7 @@ class _Operations:
         self.state = state
 
     async def reload(self, request: Request) -> Response:
-        problems = await self.state.reload()
+        problems, applied = await self.state.reload_applied()
         if problems:
             return _json(
                 {"status": "rejected", "problems": problems, "config": str(self.state.runtime.loaded.path)}, 422
@@ -153,7 +155,7 @@ class _Operations:
             # reloads again, finding nothing changed).
             with contextlib.suppress(OSError):
                 os.kill(int(supervisor), signal.SIGHUP)
-        return _json({"status": "reloaded", "config": str(self.state.runtime.loaded.path)})
+        return _json({"status": "reloaded", "config": str(self.state.runtime.loaded.path), **applied})
 
     async def explain(self, request: Request) -> Response:
         try:
@@ -231,6 +233,7 @@ def routes(state: AppState) -> list[Route]:
     return [
         *key_routes(state),
         Route("/admin/reload", ops.reload, methods=["POST"]),
+        Route("/admin/config/diff", ConfigDiff(state), methods=["POST"]),
         Route("/admin/route/explain", ops.explain, methods=["POST"]),
         Route("/admin/fleet", ops.fleet, methods=["GET"]),
     ]

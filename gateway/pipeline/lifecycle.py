@@ -22,6 +22,7 @@ from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError
 from gateway.http.exchange import ClientGone
 from gateway.pipeline.dispatch import Committed
+from gateway.whatif.records import Replayed, log_fields
 from routing.types import Decision, RequestFeatures
 
 if TYPE_CHECKING:
@@ -268,7 +269,16 @@ class RequestLife:
         backend = self.backend
         cost = self.on_end(charged or usage, self.entry is not None) if self.on_end is not None else None
         self.state.metrics.request(self.route, self.model, backend, outcome, status)
-        if not log.isEnabledFor(logging.INFO):
+        recent, logging_on = self.state.recent, log.isEnabledFor(logging.INFO)
+        features = self.features
+        replayed = None
+        if features is not None and (recent is not None or logging_on):
+            # What a what-if replay needs (gateway/whatif): routed requests only, never their text.
+            arrived = round(time.time() - (time.perf_counter() - self.started), 3)
+            replayed = Replayed(arrived, features, usage.completion_tokens if usage else None)
+            if recent is not None:
+                recent.append(replayed)
+        if not logging_on:
             return
         decision = self.decision
         log.info(
@@ -294,6 +304,7 @@ class RequestLife:
                 "completion_tokens": usage.completion_tokens if usage else None,
                 "key_id": self.key_id,
                 "cost_usd": cost,
+                **(log_fields(replayed) if replayed is not None else {}),
                 **self.caller,
             },
         )

@@ -37,6 +37,15 @@ PREFILL_CHUNK = PREFILL_CHUNK_TOKENS
 routing catalog and the simulator share it)."""
 
 
+FAILURES = {
+    "shed": "shed by admission (every backend would queue it past the limit: 503)",
+    "strict_429": "refused in strict mode (no backend can meet its budget: 429)",
+    "no_backend": "no backend (none up, serving its model, or holding it)",
+    "lost": "lost mid-answer (its backend went down after the first token)",
+}
+"""Why a simulated request got no answer, as the gateway would tell its client."""
+
+
 @dataclass(slots=True, eq=False)
 class Job:
     """A request on its way through the fleet, with what happened to it."""
@@ -49,6 +58,8 @@ class Job:
     done_s: float | None = None
     failed: bool = False
     rejected: bool = False
+    failure: str = ""
+    """Why it got no answer: a ``FAILURES`` key (empty while it has one or is still on its way)."""
     prefill_left: int = 0
     finish_step: int = 0
     predicted_ttft_ms: float | None = None

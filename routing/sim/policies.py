@@ -45,6 +45,7 @@ LATENCY_WINDOW = 10
 TIGHT_TTFT_MS = 1000.0
 """The static table's line between "tight latency" and ordinary interactive budgets."""
 BIG_MODEL_B = 30.0
+_FAILURE_OF = {Reason.BUDGET_UNMEETABLE: "strict_429", Reason.OVERLOADED: "shed"}
 
 
 @dataclass(eq=False)
@@ -241,7 +242,9 @@ class Enginegate:
         snapshot = FleetSnapshot(tuple(self.state(v, indexes.get(v.name)) for v in views), self._models)
         decision = choose(features, snapshot, self._rules)
         if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
-            return None  # the gateway answers 429 (strict mode) rather than queue hopeless work
+            # The gateway answers 429 (strict mode) rather than queue hopeless work, 503 when it sheds.
+            job.failure = _FAILURE_OF.get(decision.reason, "no_backend")
+            return None
         first = decision.candidates[0]
         job.predicted_ttft_ms = first.prediction.ttft_ms
         job.prior_ttft_ms = first.prediction.prior_ttft_ms

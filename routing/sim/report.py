@@ -1,89 +1,104 @@
-"""Simulation results as a terminal/markdown table and as a PNG plot of attainment against load."""
+"""Simulation results as terminal and markdown tables, every column with its unit (plots: gateway/ops/sim_plots.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from routing.sim.engine import FAILURES
 from routing.sim.simulate import Result
 
 
 @dataclass(frozen=True)
 class Point:
-    """One policy at one offered load (a share of the fleet's estimated capacity)."""
+    """One policy on one fleet at one request rate."""
 
     load: float
+    """The rate as a share of this fleet's estimated capacity."""
     result: Result
+    rate_rps: float = 0.0
+    """The offered request rate, requests/s."""
+    fleet: str = ""
+    """Which fleet (a config's name) when several are compared."""
 
+
+FAILURE_COLUMNS = {"shed": "shed (503)", "strict_429": "strict 429", "no_backend": "no backend", "lost": "lost"}
+"""How each ``engine.FAILURES`` reason heads its column: requests without an answer, counted."""
+assert set(FAILURE_COLUMNS) == set(FAILURES)
 
 COLUMNS = (
-    "load", "policy", "within budget", "cache hits", "goodput req/s", "p50 TTFT s", "p99 TTFT s", "p50 e2e s",
-    "p99 e2e s", "failed", "busy GPU $", "fleet $", "busiest backend",
+    "rate req/s", "load %", "policy", "within budget %", "cache hits %", "goodput req/s", "TTFT p50 ms",
+    "TTFT p99 ms", "e2e p50 s", "e2e p99 s", *FAILURE_COLUMNS.values(), "busy GPU $/h", "fleet GPU $/h",
+    "busiest backend (busy %)",
 )  # fmt: skip
+
+
+def _ms(seconds: float) -> str:
+    return "-" if seconds != seconds else f"{seconds * 1000:.0f}"  # NaN: nothing answered
+
+
+def _s(seconds: float) -> str:
+    return "-" if seconds != seconds else f"{seconds:.1f}"
 
 
 def row(point: Point) -> list[str]:
     r = point.result
     name, busiest = max(r.utilization.items(), key=lambda kv: kv[1]) if r.utilization else ("-", 0.0)
+    failures = r.failures
     return [
-        f"{point.load:.0%}",
+        f"{point.rate_rps:.2f}",
+        f"{point.load:.0%}".rstrip("%"),
         r.policy,
-        f"{r.attainment:.1%}",
-        f"{r.cache_hit_rate:.1%}",
+        f"{r.attainment * 100:.1f}",
+        f"{r.cache_hit_rate * 100:.1f}",
         f"{r.goodput:.2f}",
-        f"{r.percentile('ttft', 0.5):.2f}",
-        f"{r.percentile('ttft', 0.99):.1f}",
-        f"{r.percentile('e2e', 0.5):.1f}",
-        f"{r.percentile('e2e', 0.99):.1f}",
-        str(r.failed + r.rejected),
-        f"{r.busy_cost:.1f}",
-        f"{r.fleet_cost:.1f}",
-        f"{name} {busiest:.0%}",
+        _ms(r.percentile("ttft", 0.5)),
+        _ms(r.percentile("ttft", 0.99)),
+        _s(r.percentile("e2e", 0.5)),
+        _s(r.percentile("e2e", 0.99)),
+        *(str(failures[reason]) for reason in FAILURE_COLUMNS),
+        f"{r.busy_cost_per_hour:.2f}",
+        f"{r.fleet_cost_per_hour:.2f}",
+        f"{name} ({busiest:.0%})",
     ]
 
 
+def _table(points: Sequence[Point]) -> list[list[str]]:
+    several = len({p.fleet for p in points}) > 1
+    head = ["fleet", *COLUMNS] if several else list(COLUMNS)
+    return [head, *(([p.fleet] if several else []) + row(p) for p in points)]
+
+
 def markdown(points: Sequence[Point]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row(p)) + " |" for p in points]
-    return "\n".join(lines)
+    head, *rows = _table(points)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def text(points: Sequence[Point]) -> str:
-    rows = [list(COLUMNS), *(row(p) for p in points)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    rows = _table(points)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def utilization(points: Sequence[Point]) -> str:
-    """Busy share of every backend per policy and load, as a markdown table."""
-    names = list(points[0].result.utilization) if points else []
-    lines = ["| load | policy | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
-    for p in points:
-        u = p.result.utilization
-        lines.append(f"| {p.load:.0%} | {p.result.policy} | " + " | ".join(f"{u[n]:.0%}" for n in names) + " |")
-    return "\n".join(lines)
+    """Busy share of every backend per fleet, rate and policy, as a markdown table (%; above 100: work
+    still draining after the last arrival)."""
+    lines = []
+    for fleet in dict.fromkeys(p.fleet for p in points):
+        mine = [p for p in points if p.fleet == fleet]
+        names = list(mine[0].result.utilization)
+        title = f"{fleet}: " if fleet else ""
+        lines += ["", f"{title}busy share of each backend (%)"] if fleet else []
+        lines += ["| rate req/s | policy | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+        for p in mine:
+            u = p.result.utilization
+            lines.append(
+                f"| {p.rate_rps:.2f} | {p.result.policy} | " + " | ".join(f"{u[n] * 100:.0f}" for n in names) + " |"
+            )
+    return "\n".join(lines).strip("\n")
 
 
-def plot(points: Sequence[Point], path: Path, title: str) -> None:
-    """Attainment against offered load, one line per policy (needs matplotlib: the ``sim`` extra)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for policy in dict.fromkeys(p.result.policy for p in points):
-        mine = sorted((p.load, p.result.attainment) for p in points if p.result.policy == policy)
-        style = {"linewidth": 2.5, "color": "black"} if policy == "enginegate" else {"linewidth": 1.2}
-        ax.plot([x * 100 for x, _ in mine], [y * 100 for _, y in mine], marker="o", label=policy, **style)
-    ax.set_xlabel("offered load (% of estimated fleet capacity)")
-    ax.set_ylabel("requests within latency budget (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+def failure_legend() -> str:
+    """What each failure column counts."""
+    return "\n".join(f"{FAILURE_COLUMNS[k]}: {why}" for k, why in FAILURES.items())

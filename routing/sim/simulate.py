@@ -21,7 +21,7 @@ from typing import cast
 
 from routing.catalog import PREFILL_CHUNK_TOKENS
 from routing.sim.calibration import step_ms
-from routing.sim.engine import Job, SimEngine
+from routing.sim.engine import FAILURES, Job, SimEngine
 from routing.sim.policies import BackendView, Policy
 from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, ModelSpec, Rules
@@ -94,6 +94,26 @@ class Result:
     def rejected(self) -> int:
         return sum(j.rejected for j in self.jobs)
 
+    @property
+    def failures(self) -> dict[str, int]:
+        """Requests without an answer by reason (``engine.FAILURES`` keys), every reason present."""
+        counts = dict.fromkeys(FAILURES, 0)
+        for j in self.jobs:
+            if j.failure:
+                counts[j.failure] += 1
+        return counts
+
+    @property
+    def fleet_cost_per_hour(self) -> float:
+        """Dollars per hour of keeping every backend up."""
+        return sum(self.cost_per_hour.values())
+
+    @property
+    def busy_cost_per_hour(self) -> float:
+        """Dollars per hour for the share of the arrival window each backend was working (what a fleet
+        scaled to its work pays), each backend's share at most all of it."""
+        return sum(self.cost_per_hour[n] * min(1.0, u) for n, u in self.utilization.items())
+
     def percentile(self, what: str, q: float) -> float:
         """Seconds; over answered requests. ``what``: ``ttft`` or ``e2e``."""
         values = sorted(v for j in self.jobs if (v := j.ttft_s if what == "ttft" else j.e2e_s) is not None)
@@ -158,6 +178,7 @@ class _Run:
         choice = self.policy.pick(job, candidates) if candidates else None
         if choice is None:
             job.rejected = True
+            job.failure = job.failure or "no_backend"  # a policy that refuses says why first
             return
         choice.in_flight += 1
         job.backlog_tokens = job.request.prompt_tokens - job.expected_cached
@@ -197,6 +218,7 @@ class _Run:
                 self.dispatch(job, now)  # failover: nothing was sent to the client yet
             else:
                 job.failed = True
+                job.failure = "lost"
 
     def replay(self, jobs: list[Job], end: float) -> None:
         for job in jobs:

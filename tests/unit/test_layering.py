@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.telemetry", "gateway.http"),  # metrics and logs; the connection layer (Exchange, ApiError, drain)
     ("gateway.fleet", "gateway.tenancy", "gateway.cache"),  # the running backends; API keys, limits and
     # usage; the response cache
+    ("gateway.whatif",),  # what a config would do: structural diff, decisions replayed, fleets simulated
     ("gateway.state",),  # what a running gateway holds: the config's runtime, fleet, tenancy, metrics
     ("gateway.pipeline",),  # the one generation pipeline
     ("gateway.doors",),  # the front doors (and the admin API): they use the pipeline, never the reverse

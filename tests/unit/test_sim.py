@@ -190,6 +190,7 @@ def test_cli_simulate_prints_the_comparison_and_writes_a_plot(
         [
             "simulate", "--config", str(ROOT / "configs/sim-fleet.yaml"), "--trace", str(trace),
             "--load", "50,100", "--models", "llama-3.1-8b:0.8,llama-3.1-70b:0.2", "--plot", str(png),
+            "--policies", "round_robin,random,least_busy,latency,static,enginegate",
         ]
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -198,7 +199,7 @@ def test_cli_simulate_prints_the_comparison_and_writes_a_plot(
     for policy in ("round_robin", "random", "least_busy", "latency", "static", "enginegate"):
         assert comparison.count(f" {policy} ") == 2, policy
         assert utilization.count(f" {policy} ") == 2, policy
-    assert "| 50% | enginegate | " in out and "trt-h100" in out  # the utilization table, per backend
+    assert " enginegate | " in utilization and "trt-h100" in utilization  # the utilization table, per backend
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
