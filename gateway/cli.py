@@ -115,7 +115,7 @@ def _explain(args: argparse.Namespace) -> int:
     from gateway.fleet.catalog import model_specs, profile
     from gateway.fleet.catalog import rules as build_rules
     from routing.explain import render
-    from routing.policy import choose
+    from routing.split import route
     from routing.types import BackendState, FleetSnapshot, RequestFeatures
 
     loaded = _load(args.config)
@@ -145,7 +145,7 @@ def _explain(args: argparse.Namespace) -> int:
         team=args.team,
         headers=tuple((k.lower(), v) for k, _, v in (h.partition("=") for h in args.header)),
     )
-    print(render(choose(features, snapshot, build_rules(loaded)), features, snapshot))
+    print(render(route(features, snapshot, build_rules(loaded)), features, snapshot))
     return 0
 
 

@@ -11,6 +11,7 @@ def to_dict(decision: Decision, features: RequestFeatures) -> dict[str, Any]:
     return {
         "reason": decision.reason.value,
         "rule": decision.rule,
+        "arm": decision.arm,
         "max_attempts": decision.max_attempts,
         "retry_after_s": decision.retry_after_s,
         "request": {
@@ -58,6 +59,7 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         f"budget: {budget or 'none'}",
         f"decision: {decision.reason.value}"
         + (f" (rule {decision.rule})" if decision.rule else "")
+        + (f", split arm {decision.arm}" if decision.arm else "")
         + f", up to {decision.max_attempts} attempts"
         + (f", retry after {decision.retry_after_s:.0f} s" if decision.retry_after_s else ""),
         "",
