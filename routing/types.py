@@ -235,8 +235,11 @@ class Rules:
     max_queue_wait_ms: float = float("inf")
     """Admission control: a backend predicted to queue a request longer than this (scaled by the
     request's priority) does not take it; when none can, the request is shed with Retry-After."""
-    splits: bool = False
+    splits: bool = field(init=False, default=False)
     """Some rule splits its traffic (``Rule.split``): without, routing skips the arm choice."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", any(r.split is not None for r in self.rules))
 
 
 class Reason(enum.Enum):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gateway.config.models import Name
-from gateway.config.splits import ArmConfig, GuardConfig, StickyConfig, check_split
+from gateway.config.splits import Arms, GuardConfig, StickyConfig, check_split
 from gateway.strict import Frozen
 from routing.features import RULE_HEADERS
 from routing.prefix import DEFAULT_BLOCK_TOKENS
@@ -71,7 +71,7 @@ class RuleConfig(Frozen):
     """Whole-answer budget in ms for requests under this rule that send none; default: none."""
 
     # Weighted splits and canaries (docs/traffic.md).
-    split: list[ArmConfig] = []
+    split: Arms = []
     """The rule's traffic divided by weight between backends or pools (weights sum to 100), the first
     arm being the control; each caller stays on one arm (``sticky``). Empty: no split."""
     sticky: StickyConfig | None = None

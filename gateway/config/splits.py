@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gateway.config.models import Name
 from gateway.strict import Frozen
@@ -79,25 +79,33 @@ class GuardConfig(Frozen):
         return self
 
 
-def check_split(
-    arms: Sequence[ArmConfig], sticky: StickyConfig | None, guard: GuardConfig | None, require: Sequence[str]
-) -> None:
-    """A rule's own split: two arms or more, distinct, weights summing to 100; sticky and guard only with a split."""
+def _arms_valid(arms: list[ArmConfig]) -> list[ArmConfig]:
+    """Two arms or more, distinct, weights summing to 100."""
     if not arms:
-        if sticky is not None or guard is not None:
-            raise ValueError("sticky: and guard: need split:")
-        return
+        return arms
     if len(arms) < 2:
-        raise ValueError("split: needs two arms or more (one arm is require:)")
+        raise ValueError("needs two arms or more (one arm is require:)")
     total = sum(a.weight for a in arms)
     if abs(total - WEIGHT_SUM) > 1e-6:
-        raise ValueError(f"split: the arms' weights must sum to 100 (they sum to {total:g})")
+        raise ValueError(f"the arms' weights must sum to 100 (they sum to {total:g})")
     labels = [a.label for a in arms]
     twice = sorted({label for label in labels if labels.count(label) > 1})
     if twice:
         names = ", ".join(map(repr, twice))
-        raise ValueError(f"split: arm {names} appears twice (give the arms distinct to: or name:)")
-    if require:
+        raise ValueError(f"arm {names} appears twice (give the arms distinct to: or name:)")
+    return arms
+
+
+Arms = Annotated[list[ArmConfig], AfterValidator(_arms_valid)]
+
+
+def check_split(
+    arms: Sequence[ArmConfig], sticky: StickyConfig | None, guard: GuardConfig | None, require: Sequence[str]
+) -> None:
+    """Sticky and guard only with a split; a split without require (each arm is one)."""
+    if not arms and (sticky is not None or guard is not None):
+        raise ValueError("sticky: and guard: need split:")
+    if arms and require:
         raise ValueError("split: and require: exclude each other (each arm is its own require:)")
 
 

@@ -227,7 +227,6 @@ def rules(loaded: LoadedConfig) -> Rules:
         hedging=r.hedging,
         weights=Weights(w.budget, w.cost, w.load, w.affinity),
         max_queue_wait_ms=r.max_queue_wait_s * 1000,
-        splits=any(rc.split for rc in r.rules),
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.config import RuleConfig
-from gateway.telemetry.metrics import LATENCY_BUCKETS, TOKEN_TIME_BUCKETS
+from gateway.telemetry.metrics import LATENCY_BUCKETS, TOKEN_TIME_BUCKETS, _Children
 from routing.split import ArmCounts, Guard, verdict
 
 log = logging.getLogger("enginegate.split")
@@ -63,36 +63,36 @@ class Splits:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         labels = ["rule", "arm"]
-        self._requests = Counter(
+        self._requests = _Children(Counter(
             "enginegate_split_requests", "Requests by rule, split arm and outcome (ok, error, cancelled).",
             [*labels, "outcome"], registry=r,
-        )  # fmt: skip
-        self._errors = Counter(
+        ))  # fmt: skip
+        self._errors = _Children(Counter(
             "enginegate_split_errors", "Requests the arm's engines failed (what the canary guard's error rate counts).",
             labels, registry=r,
-        )  # fmt: skip
-        self._ttft = Histogram(
+        ))  # fmt: skip
+        self._ttft = _Children(Histogram(
             "enginegate_split_time_to_first_token_seconds", "Time to first token of the arm's answers.",
             labels, buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._tpot = Histogram(
+        ))  # fmt: skip
+        self._tpot = _Children(Histogram(
             "enginegate_split_time_per_output_token_seconds", "Mean time between output tokens of the arm's answers.",
             labels, buckets=TOKEN_TIME_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._budgets = Counter(
+        ))  # fmt: skip
+        self._budgets = _Children(Counter(
             "enginegate_split_budgets", "Answers to requests with a latency budget, by result (met, missed).",
             [*labels, "result"], registry=r,
-        )  # fmt: skip
-        self._tokens = Counter(
+        ))  # fmt: skip
+        self._tokens = _Children(Counter(
             "enginegate_split_tokens", "Tokens of the arm's answers by kind (prompt, completion).",
             [*labels, "kind"], registry=r,
-        )  # fmt: skip
-        self._cost = Counter(
+        ))  # fmt: skip
+        self._cost = _Children(Counter(
             "enginegate_split_cost_dollars",
             "Capacity cost of the arm's answers (backend cost_per_hour over their time, per slot): over "
             "enginegate_split_tokens_total times a million, the cost per million tokens.",
             labels, registry=r,
-        )  # fmt: skip
+        ))  # fmt: skip
         self._stopped = Gauge(
             "enginegate_split_arm_stopped", "1 while the canary guard keeps the arm out of its split.",
             labels, registry=r, multiprocess_mode="max",
@@ -126,20 +126,20 @@ class Splits:
     def ended(self, end: ArmEnd) -> None:
         """Count one request's end on its arm, and judge the arm."""
         rule, arm = end.rule, end.arm
-        self._requests.labels(rule, arm, end.outcome).inc()
+        self._requests(rule, arm, end.outcome).inc()
         if end.failed:
-            self._errors.labels(rule, arm).inc()
+            self._errors(rule, arm).inc()
         if end.ttft_s is not None:
-            self._ttft.labels(rule, arm).observe(end.ttft_s)
+            self._ttft(rule, arm).observe(end.ttft_s)
         if end.tpot_s is not None:
-            self._tpot.labels(rule, arm).observe(end.tpot_s)
+            self._tpot(rule, arm).observe(end.tpot_s)
         if end.budget_met is not None:
-            self._budgets.labels(rule, arm, "met" if end.budget_met else "missed").inc()
+            self._budgets(rule, arm, "met" if end.budget_met else "missed").inc()
         if end.prompt_tokens or end.completion_tokens:
-            self._tokens.labels(rule, arm, "prompt").inc(end.prompt_tokens)
-            self._tokens.labels(rule, arm, "completion").inc(end.completion_tokens)
+            self._tokens(rule, arm, "prompt").inc(end.prompt_tokens)
+            self._tokens(rule, arm, "completion").inc(end.completion_tokens)
         if end.cost_usd:
-            self._cost.labels(rule, arm).inc(end.cost_usd)
+            self._cost(rule, arm).inc(end.cost_usd)
         split = self._splits.get(rule)
         if split is None or arm not in split.arms or end.outcome == "cancelled":
             return  # a request of the config before a reload, or one that tells nothing

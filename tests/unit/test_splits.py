@@ -27,7 +27,7 @@ FLEET = (
 def rules(*weights: float, sticky: str = "conversation") -> Rules:
     arms = (Arm("vllm-pool", ("vllm-pool",), weights[0]), Arm("trt-canary", ("trt-canary",), weights[1]))
     rule = Rule("canary", models=("llama-8b",), split=Split(arms, sticky))
-    return Rules((rule,), splits=True)
+    return Rules((rule,))
 
 
 def chat(opening: str, turns: int = 1, **kw: object) -> RequestFeatures:
