@@ -9,8 +9,10 @@ import sys
 from dataclasses import replace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gateway.config import ConfigError, parse_config
+from gateway.config import ConfigError, RuleConfig, parse_config
+from gateway.telemetry.arms import ArmEnd, Splits
 from routing.features import features
 from routing.split import ArmCounts, Guard, arm_order, point, route, verdict
 from routing.types import Arm, FleetSnapshot, Reason, RequestFeatures, Rule, Rules, Split
@@ -222,3 +224,30 @@ def test_a_good_split_loads_into_routing_rules() -> None:
     assert built.splits and built.rules[0].split == Split(
         (Arm("vllm-pool", ("vllm-pool",), 95.5), Arm("canary-arm", ("trt",), 4.5)), "header:x-user-id"
     )
+
+
+def test_the_guard_stops_a_canary_that_misses_budgets_and_ignores_what_tells_nothing_of_the_arm() -> None:
+    registry = CollectorRegistry()
+    splits = Splits(registry)
+    splits.configure([
+        RuleConfig.model_validate({
+            "name": "trial", "split": [{"to": "a", "weight": 90}, {"to": "b", "weight": 10}],
+            "guard": {"max_budget_miss_delta": 0.2, "min_requests": 10},
+        })
+    ])  # fmt: skip
+    for _ in range(10):
+        splits.ended(ArmEnd("trial", "a", "ok", False, budget_met=True))
+        # Cancelled requests, refusals before any engine and answers without a budget tell nothing.
+        splits.ended(ArmEnd("trial", "b", "cancelled", False))
+        splits.ended(ArmEnd("trial", "b", "error", False))
+        splits.ended(ArmEnd("trial", "b", "ok", False))
+    for i in range(10):
+        assert not splits.stopped, i
+        splits.ended(ArmEnd("trial", "b", "ok", False, budget_met=i < 7))  # 3 misses of 10: 30 points over 0
+    assert splits.stopped == {("trial", "b")}
+    arms = splits.describe()["trial"]["arms"]
+    assert arms[1]["reason"].startswith("budget-miss rate 0.300 against the control's 0.000 (over 10 and 10")
+    assert arms[1]["requests"] == 20 and arms[1]["budgeted"] == 10  # the answers without a budget count as requests
+    assert registry.get_sample_value("enginegate_split_arm_stopped", {"rule": "trial", "arm": "b"}) == 1
+    missed = {"rule": "trial", "arm": "b", "result": "missed"}
+    assert registry.get_sample_value("enginegate_split_budgets_total", missed) == 3
