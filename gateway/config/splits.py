@@ -118,13 +118,12 @@ def split_problems(
     matches, and for a split rule's name used twice; ``rules``: each rule's name, ``match.models`` and
     ``split``."""
     problems = []
-    known = {m.name for m in models}
-    generating = [m.name for m in models if m.kind == "generate"]
+    known = [m.name for m in models]  # embedding models too: a rule matching them routes their requests
     names = [name for name, _, _ in rules]
     for i, (name, patterns, arms) in enumerate(rules):
         if arms and names.count(name) > 1:  # the split's metrics and guard go by the rule's name
             problems.append(f"routing.rules[{i}].name: {name!r} is used twice (a split rule needs its own name)")
-        matched = [m for m in generating if not patterns or any(fnmatch.fnmatchcase(m, p) for p in patterns)]
+        matched = [m for m in known if not patterns or any(fnmatch.fnmatchcase(m, p) for p in patterns)]
         for j, arm in enumerate(arms):
             where = f"routing.rules[{i}].split[{j}].to"
             members = [b for b in backends if arm.to in (b.name, b.pool)]
