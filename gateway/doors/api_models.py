@@ -272,6 +272,28 @@ class BackendState(_Doc):
     observed: dict[str, Any]
 
 
+class SplitArm(_Doc):
+    arm: str
+    to: str
+    weight: float
+    requests: int
+    errors: int
+    error_rate: float
+    budgeted: int
+    budget_missed: int
+    budget_miss_rate: float
+    stopped: bool
+    reason: str | None
+
+
+class SplitState(_Doc):
+    """A rule's weighted split: its control arm, whether a guard watches it, its arms since the config was loaded."""
+
+    control: str
+    guarded: bool
+    arms: list[SplitArm]
+
+
 class Explanation(_Doc):
     """A routing decision: the reason, the rule, and the ranked candidates with their predictions."""
 
