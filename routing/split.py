@@ -119,18 +119,16 @@ class Guard:
 
 def verdict(guard: Guard, control: ArmCounts, arm: ArmCounts) -> str | None:
     """Why ``arm`` should stop against ``control``, or None while it may go on."""
-    delta = guard.max_error_rate_delta
-    sampled = min(control.requests, arm.requests) >= guard.min_requests
-    if delta is not None and sampled and arm.error_rate() - control.error_rate() > delta:
-        return (
-            f"error rate {arm.error_rate():.3f} against the control's {control.error_rate():.3f} "
-            f"(over {arm.requests} and {control.requests} requests) exceeds the margin {delta}"
-        )
-    delta = guard.max_budget_miss_delta
-    sampled = min(control.budgeted, arm.budgeted) >= guard.min_requests
-    if delta is not None and sampled and arm.miss_rate() - control.miss_rate() > delta:
-        return (
-            f"budget-miss rate {arm.miss_rate():.3f} against the control's {control.miss_rate():.3f} "
-            f"(over {arm.budgeted} and {control.budgeted} budgeted answers) exceeds the margin {delta}"
-        )
+    checks = (
+        ("error rate", guard.max_error_rate_delta, "requests", control.requests, arm.requests,
+         control.error_rate(), arm.error_rate()),
+        ("budget-miss rate", guard.max_budget_miss_delta, "budgeted answers", control.budgeted, arm.budgeted,
+         control.miss_rate(), arm.miss_rate()),
+    )  # fmt: skip
+    for what, delta, unit, base_n, n, base, rate in checks:
+        if delta is not None and min(base_n, n) >= guard.min_requests and rate - base > delta:
+            return (
+                f"{what} {rate:.3f} against the control's {base:.3f} (over {n} and {base_n} {unit}) "
+                f"exceeds the margin {delta}"
+            )
     return None
