@@ -65,7 +65,7 @@ class RequestLife:
         self._firsts: dict[str, float] = {}
         """When each attempt's first token came, by backend."""
         self.features: RequestFeatures | None = None
-        self.arm: RequestFeatures | None = None
+        self.arm_budgets: RequestFeatures | None = None
         """The request's features with its rule's default budgets, when a weighted split chose its arm
         (``Decision.arm``): what the arm's budgets met are judged by."""
         self._tpot_s: float | None = None
@@ -143,7 +143,8 @@ class RequestLife:
         armed: RequestFeatures | None = None,
     ) -> None:
         """``armed``: when a weighted split chose the arm, the features with the rule's default budgets."""
-        self.model, self.decision, self.stream, self.features, self.arm = model, decision, stream, features, armed
+        self.model, self.decision, self.stream, self.features = model, decision, stream, features
+        self.arm_budgets = armed
         self.ex.header("x-enginegate-route", decision.reason.value)
         if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
@@ -196,10 +197,11 @@ class RequestLife:
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)
 
-    def _arm_end(self, rule: str, arm: str, outcome: str, usage: Usage | None) -> ArmEnd:
+    def _arm_end(self, outcome: str, usage: Usage | None) -> ArmEnd:
         """How the request ended on its arm of a weighted split: its times, tokens, capacity cost and budgets."""
-        entry, f = self.entry, self.arm
-        assert f is not None
+        entry, f, decision = self.entry, self.arm_budgets, self.decision
+        assert f is not None and decision is not None and decision.rule is not None and decision.arm is not None
+        rule, arm = decision.rule, decision.arm
         failed = outcome == "error" and (entry is not None or bool(self.failures))
         if entry is None or outcome != "ok":
             return ArmEnd(rule, arm, outcome, failed)
@@ -213,7 +215,8 @@ class RequestLife:
                 and (f.tpot_budget_ms is None or tpot_s is None or tpot_s * 1000 <= f.tpot_budget_ms)
             )
         p = entry.profile
-        cost = p.cost_per_hour * elapsed_s / 3600 / max(1, p.max_concurrency)  # one of its slots for that long
+        # One of the backend's slots for the request's time (arrival to last token: an upper bound).
+        cost = p.cost_per_hour * elapsed_s / 3600 / max(1, p.max_concurrency)
         return ArmEnd(
             rule, arm, outcome, failed, met, self.ttft_s, tpot_s,
             usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, cost,
@@ -293,8 +296,8 @@ class RequestLife:
         cost = self.on_end(usage, self.entry is not None) if self.on_end is not None else None
         self.state.metrics.request(self.route, self.model, backend, outcome, status)
         decision = self.decision
-        if self.arm is not None and decision is not None and decision.rule is not None and decision.arm is not None:
-            self.state.splits.ended(self._arm_end(decision.rule, decision.arm, outcome, usage))
+        if self.arm_budgets is not None:
+            self.state.splits.ended(self._arm_end(outcome, usage))
         if not log.isEnabledFor(logging.INFO):
             return
         log.info(
