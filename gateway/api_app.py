@@ -84,8 +84,10 @@ DOCS: dict[tuple[str, str], Doc] = {
     ("GET", "/readyz"): Doc("Ready: a backend is healthy and the gateway is not draining", "health", m.Ready),
     ("GET", "/metrics"): Doc("Prometheus metrics", "health", None),
     ("POST", "/admin/reload"): Doc("Reload the config file", "admin", m.ReloadResult),
+    ("POST", "/admin/config/diff"): Doc("What a config would change", "admin", m.ConfigDiff, m.ConfigDiffBody),
     ("POST", "/admin/route/explain"): Doc("Explain a routing decision", "admin", m.Explanation, ExplainBody),
     ("GET", "/admin/fleet"): Doc("Fleet state", "admin", m.BackendState),
+    ("GET", "/admin/splits"): Doc("Weighted splits: arms, counts and the canary guard", "admin", m.SplitState),
     ("POST", "/admin/keys"): Doc("Create an API key", "admin", m.KeyRecord, m.KeySpec, status=201),
     ("GET", "/admin/keys"): Doc("List API keys", "admin", m.KeyList),
     ("GET", "/admin/keys/{key_id}"): Doc("Show an API key", "admin", m.KeyRecord),
@@ -93,7 +95,7 @@ DOCS: dict[tuple[str, str], Doc] = {
     ("DELETE", "/admin/keys/{key_id}"): Doc("Revoke an API key", "admin", m.KeyRecord),
     ("GET", "/admin/keys/{key_id}/usage"): Doc("An API key's usage", "admin", m.KeyUsage),
 }
-_FLEET_MAP = {"/admin/fleet"}
+_FLEET_MAP = {"/admin/fleet", "/admin/splits"}
 """Routes whose answer is a map of names to the response model."""
 
 

@@ -29,6 +29,7 @@ from gateway.fleet.engines import BackendFactory
 from gateway.fleet.entry import Entry
 from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
+from gateway.telemetry.arms import Splits
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
 from gateway.whatif.diff import diff
@@ -86,6 +87,9 @@ class AppState:
             event_streams=lambda: self.fleet.event_streams,
         )
         self.fleet.after_poll = self.metrics.fleet.refresh
+        self.splits = Splits(self.metrics.registry)
+        """Weighted splits: per-arm metrics and the canary guard (counts since the config was loaded)."""
+        self.splits.configure(cfg.routing.rules)
         if cfg.routing.prefix.share and cfg.redis.url:  # read at start, as the limits' Redis is
             self.fleet.accounts.share = PrefixShare(
                 cfg.redis.url, self.fleet.accounts.learn, timeout_s=cfg.redis.timeout_s, count=self.metrics.prefix_share
@@ -141,6 +145,7 @@ class AppState:
             self.runtime = runtime
             self.fleet.replace(entries, models, retired)
             self.metrics.set_models(self.runtime.model_names)
+            self.splits.configure(loaded.config.routing.rules)
             if self.tenancy is not None:
                 self.tenancy.reconfigure(loaded.config.auth, tenancy.prices_of(loaded.config))
             self.metrics.reload("ok")

@@ -32,6 +32,7 @@ def to_dict(decision: Decision, features: RequestFeatures, rules: Rules | None =
     doc: dict[str, Any] = {
         "reason": decision.reason.value,
         "rule": decision.rule,
+        "arm": decision.arm,
         "max_attempts": decision.max_attempts,
         "retry_after_s": decision.retry_after_s,
         "request": {
@@ -83,6 +84,7 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         f"budget: {_budget_line(features, decision, rules)}",
         f"decision: {decision.reason.value}"
         + (f" (rule {decision.rule})" if decision.rule else "")
+        + (f", split arm {decision.arm}" if decision.arm else "")
         + f", up to {decision.max_attempts} attempts"
         + (f", retry after {decision.retry_after_s:.0f} s" if decision.retry_after_s else ""),
         "",

@@ -176,6 +176,28 @@ class Weights:
 
 
 @dataclass(frozen=True, slots=True)
+class Arm:
+    """One arm of a rule's weighted split: the backends or pools its requests may go to."""
+
+    name: str
+    targets: tuple[str, ...]
+    """Backend names or pools: the arm restricts the candidates as ``Rule.require`` does."""
+    weight: float
+    """Percent of the rule's traffic (a split's weights sum to 100)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A rule's traffic divided by weight between arms, the first being the control."""
+
+    arms: tuple[Arm, ...]
+    sticky: str = "conversation"
+    """What keeps a caller on one arm: ``conversation`` (the hash of the prompt's opening, as
+    ``RequestFeatures.prefix_hash``), ``key`` (the API key's id) or ``header:<name>`` (that request
+    header's value); without the key or the header, the conversation."""
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     name: str
     models: tuple[str, ...] = ()
@@ -199,6 +221,8 @@ class Rule:
     mode: Mode | None = None
     default_ttft_budget_ms: float | None = None
     default_latency_budget_ms: float | None = None
+    split: Split | None = None
+    """Weighted arms (``routing.split``): each request goes to one, chosen by a stable hash."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +235,11 @@ class Rules:
     max_queue_wait_ms: float = float("inf")
     """Admission control: a backend predicted to queue a request longer than this (scaled by the
     request's priority) does not take it; when none can, the request is shed with Retry-After."""
+    splits: bool = field(init=False, default=False)
+    """Some rule splits its traffic (``Rule.split``): without, routing skips the arm choice."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", any(r.split is not None for r in self.rules))
 
 
 class Reason(enum.Enum):
@@ -272,3 +301,5 @@ class Decision:
     """With hedging on and a first-token budget: start the next candidate too when the first token is this late."""
     lacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """``UNSUPPORTED``: each serving backend's missing capabilities and extra fields, by name."""
+    arm: str | None = None
+    """The arm of the rule's weighted split the candidates come from (``routing.split``)."""

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gateway.config.models import Name
+from gateway.config.splits import Arms, GuardConfig, StickyConfig, check_split
 from gateway.strict import Frozen
 from routing.features import RULE_HEADERS
 from routing.prefix import DEFAULT_BLOCK_TOKENS
@@ -68,6 +69,20 @@ class RuleConfig(Frozen):
     """Time-to-first-token budget in ms for requests under this rule that send none; default: none."""
     default_latency_budget_ms: float | None = Field(default=None, gt=0)
     """Whole-answer budget in ms for requests under this rule that send none; default: none."""
+
+    # Weighted splits and canaries (docs/traffic.md).
+    split: Arms = []
+    """The rule's traffic divided by weight between backends or pools (weights sum to 100), the first
+    arm being the control; each caller stays on one arm (``sticky``). Empty: no split."""
+    sticky: StickyConfig | None = None
+    """What keeps a caller on one arm of ``split``; default: the conversation (its opening's hash)."""
+    guard: GuardConfig | None = None
+    """Stops a canary arm whose error or budget-miss rate exceeds the control arm's by a margin."""
+
+    @model_validator(mode="after")
+    def _split_valid(self) -> RuleConfig:
+        check_split(self.split, self.sticky, self.guard, self.require)
+        return self
 
 
 class WeightsConfig(Frozen):

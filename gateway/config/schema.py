@@ -11,6 +11,7 @@ from gateway.config.engines import ENGINES, BackendConfig, CTranslate2Config, Ll
 from gateway.config.models import EfficiencyConfig, GpuConfig, ModelConfig
 from gateway.config.rules import RoutingConfig
 from gateway.config.server import AdminConfig, LimitsConfig, MetricsConfig, ServerConfig
+from gateway.config.splits import split_problems
 from gateway.strict import Frozen
 from gateway.tenancy.settings import AuthConfig, RedisConfig
 
@@ -70,6 +71,8 @@ class GatewayConfig(Frozen):
                 for target in getattr(r, key):
                     if target not in names:
                         errors.append(f"routing.rules[{i}].{key}: {target!r} is neither a backend nor a pool")
+        splits = [(r.name, r.match.models, r.split) for r in self.routing.rules]
+        errors += split_problems(splits, self.models, self.backends)
         for engine in self.engine_efficiency:
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")

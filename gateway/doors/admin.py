@@ -1,5 +1,6 @@
 """Admin endpoints (``/admin/...``): reload (answering with what it applied), a config's what-if diff
 (gateway/doors/admin_diff.py), explain a routing decision against the live fleet, fleet state,
+weighted splits' arms,
 and API keys (create, list, show, update, revoke, usage) when the gateway has them.
 
 They need ``Authorization: Bearer <key>`` with the key from the environment variable named by
@@ -37,7 +38,7 @@ from gateway.strict import Strict
 from gateway.tenancy.guard import AdminGuard
 from routing.explain import to_dict
 from routing.features import features as prompt_features
-from routing.policy import choose
+from routing.split import route
 from routing.types import FleetSnapshot, RequestFeatures
 
 log = logging.getLogger("enginegate.admin")
@@ -182,7 +183,7 @@ class _Operations:
         if body.messages is not None or body.prompt is not None:
             features = await self._with_prompt(features, body, snapshot)
         rules = self.state.runtime.rules
-        return _json(to_dict(choose(features, snapshot, rules), features, rules))
+        return _json(to_dict(route(features, snapshot, rules, self.state.splits.stopped), features, rules))
 
     async def _with_prompt(
         self, features: RequestFeatures, body: ExplainBody, snapshot: FleetSnapshot
@@ -226,6 +227,10 @@ class _Operations:
         }  # fmt: skip
         return _json(doc)
 
+    async def splits(self, request: Request) -> Response:
+        """Each weighted split's arms: weights, counts since the config was loaded, and the guard's state."""
+        return _json(self.state.splits.describe())
+
 
 def routes(state: AppState) -> list[Route]:
     """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
@@ -236,4 +241,5 @@ def routes(state: AppState) -> list[Route]:
         Route("/admin/config/diff", ConfigDiff(state), methods=["POST"]),
         Route("/admin/route/explain", ops.explain, methods=["POST"]),
         Route("/admin/fleet", ops.fleet, methods=["GET"]),
+        Route("/admin/splits", ops.splits, methods=["GET"]),
     ]

@@ -258,6 +258,31 @@ class ReloadResult(_Doc):
     status: Literal["reloaded", "rejected"]
     config: str
     problems: list[str] | None = None
+    backends: dict[str, list[str]] | None = None
+    """The backends kept, started and retired, by name."""
+    diff: list[dict[str, Any]] | None = None
+    """The settings changed, as ``POST /admin/config/diff`` lists them."""
+
+
+class ConfigDiffBody(_Doc):
+    """The new config (or send its YAML as the body, ``content-type: application/yaml``)."""
+
+    yaml: str
+    rates: list[float] | None = None
+    """Request rates to simulate, requests/s."""
+    loads: list[float] | None = None
+    """Multiples of the recent request rate to simulate."""
+
+
+class ConfigDiff(_Doc):
+    diff: list[dict[str, Any]]
+    """Each setting added, removed or changed, by name."""
+    summary: dict[str, Any]
+    moves: dict[str, Any]
+    """Routing decisions over the recent requests that move, from backend to backend."""
+    table: list[dict[str, Any]]
+    """The simulator's attainment, TTFT and cost under each config, per rate."""
+    note: str | None = None
 
 
 class BackendState(_Doc):
@@ -270,6 +295,28 @@ class BackendState(_Doc):
     breaker: str
     recovery: float | None
     observed: dict[str, Any]
+
+
+class SplitArm(_Doc):
+    arm: str
+    to: str
+    weight: float
+    requests: int
+    errors: int
+    error_rate: float
+    budgeted: int
+    budget_missed: int
+    budget_miss_rate: float
+    stopped: bool
+    reason: str | None
+
+
+class SplitState(_Doc):
+    """A rule's weighted split: its control arm, whether a guard watches it, its arms since the config was loaded."""
+
+    control: str
+    guarded: bool
+    arms: list[SplitArm]
 
 
 class Explanation(_Doc):

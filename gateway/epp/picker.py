@@ -32,7 +32,7 @@ from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from routing.features import InvalidHeader, features
-from routing.policy import choose
+from routing.split import route
 from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 log = logging.getLogger("enginegate.epp")
@@ -88,7 +88,7 @@ class Picker:
             )  # fmt: skip
         except InvalidHeader as exc:
             raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
-        decision = choose(feats, snapshot, rt.rules)
+        decision = route(feats, snapshot, rt.rules, self.state.splits.stopped)
         self.state.metrics.decision(
             decision.reason.value, decision.candidates[0].backend if decision.candidates else "none"
         )

@@ -15,9 +15,9 @@ from backends.capabilities import IMAGES, PARALLEL_TOOL_CALLS, TOOL_CHOICE_REQUI
 from backends.gguf_file import GgufCache
 from backends.hf_tokenizer import encode
 from backends.text import INLINE_PROMPT_CHARS, ChatRenderer, prompt_chars
-from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig, ModelConfig
+from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig, ModelConfig, RuleConfig
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS, EngineEfficiency, GpuSpec
-from routing.types import BackendProfile, Mode, ModelSpec, Rule, Rules, Weights
+from routing.types import Arm, BackendProfile, Mode, ModelSpec, Rule, Rules, Split, Weights
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_CPU_MEMORY_GB = 16.0
@@ -216,6 +216,7 @@ def rules(loaded: LoadedConfig) -> Rules:
                 mode=Mode(rc.mode) if rc.mode else None,
                 default_ttft_budget_ms=rc.default_ttft_budget_ms,
                 default_latency_budget_ms=rc.default_latency_budget_ms,
+                split=_split(rc),
             )
         )
     w = r.weights
@@ -227,6 +228,13 @@ def rules(loaded: LoadedConfig) -> Rules:
         weights=Weights(w.budget, w.cost, w.load, w.affinity),
         max_queue_wait_ms=r.max_queue_wait_s * 1000,
     )
+
+
+def _split(rc: RuleConfig) -> Split | None:
+    if not rc.split:
+        return None
+    arms = tuple(Arm(a.label, (a.to,), a.weight) for a in rc.split)
+    return Split(arms, rc.sticky.kind if rc.sticky is not None else "conversation")
 
 
 def with_context(p: BackendProfile, context: int | None) -> BackendProfile:

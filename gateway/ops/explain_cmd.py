@@ -85,14 +85,14 @@ def _explain(args: argparse.Namespace) -> int:
 
     from gateway.fleet.catalog import rules as build_rules
     from routing.explain import render, to_dict
-    from routing.policy import choose
+    from routing.split import route
 
     loaded = load_or_report(args.config)
     if loaded is None:
         return 1
     snapshot, rules = idle_fleet(loaded), build_rules(loaded)
     base = _features(args, args.prompt_tokens[0])
-    runs = [(f, choose(f, snapshot, rules)) for f in (replace(base, prompt_tokens=n) for n in args.prompt_tokens)]
+    runs = [(f, route(f, snapshot, rules)) for f in (replace(base, prompt_tokens=n) for n in args.prompt_tokens)]
     known = sorted(snapshot.models)
     if args.model not in snapshot.models:
         print(f"unknown model {args.model!r} (known: {', '.join(known)})", file=sys.stderr)

@@ -22,6 +22,7 @@ from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError
 from gateway.http.exchange import ClientGone
 from gateway.pipeline.dispatch import Committed
+from gateway.telemetry.arms import ArmEnd
 from gateway.whatif.records import Replayed, log_fields
 from routing.types import Decision, RequestFeatures
 
@@ -66,6 +67,10 @@ class RequestLife:
         self._firsts: dict[str, float] = {}
         """When each attempt's first token came, by backend."""
         self.features: RequestFeatures | None = None
+        self.arm_budgets: RequestFeatures | None = None
+        """The request's features with its rule's default budgets, when a weighted split chose its arm
+        (``Decision.arm``): what the arm's budgets met are judged by."""
+        self._tpot_s: float | None = None
         self._sent: dict[str, tuple[int, list[float]]] = {}
         """Per backend tried: the prompt tokens it had to prefill (those not expected in its cache)
         and the ages of the blocks expected there, to judge its report of what it reused."""
@@ -131,11 +136,22 @@ class RequestLife:
         return self.state.fleet.queue_wait_s(target)
 
     # How the request goes on and ends.
-    def routed(self, model: str, decision: Decision, stream: bool, features: RequestFeatures | None = None) -> None:
+    def routed(
+        self,
+        model: str,
+        decision: Decision,
+        stream: bool,
+        features: RequestFeatures | None = None,
+        armed: RequestFeatures | None = None,
+    ) -> None:
+        """``armed``: when a weighted split chose the arm, the features with the rule's default budgets."""
         self.model, self.decision, self.stream, self.features = model, decision, stream, features
+        self.arm_budgets = armed
         self.ex.header("x-enginegate-route", decision.reason.value)
         if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
+            if decision.arm is not None:
+                self.ex.header("x-enginegate-arm", decision.arm)
 
     def committed(self, committed: Committed[Entry]) -> None:
         entry = committed.target
@@ -164,6 +180,7 @@ class RequestLife:
             return
         tokens = usage.completion_tokens if usage else 0
         tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
+        self._tpot_s = tpot_s
         decision = self.decision
         predicted = None
         if decision is not None:
@@ -188,6 +205,31 @@ class RequestLife:
         self._tried = "cache"
         if self._open():
             self._record("ok", 200, usage, None, charged=_NOTHING)
+
+    def _arm_end(self, outcome: str, usage: Usage | None) -> ArmEnd:
+        """How the request ended on its arm of a weighted split: its times, tokens, capacity cost and budgets."""
+        entry, f, decision = self.entry, self.arm_budgets, self.decision
+        assert f is not None and decision is not None and decision.rule is not None and decision.arm is not None
+        rule, arm = decision.rule, decision.arm
+        failed = outcome == "error" and (entry is not None or bool(self.failures))
+        if entry is None or outcome != "ok":
+            return ArmEnd(rule, arm, outcome, failed)
+        elapsed_s = time.perf_counter() - self.started
+        tpot_s = self._tpot_s
+        met = None
+        if f.ttft_budget_ms is not None or f.latency_budget_ms is not None or f.tpot_budget_ms is not None:
+            met = (
+                (f.ttft_budget_ms is None or self.ttft_s * 1000 <= f.ttft_budget_ms)
+                and (f.latency_budget_ms is None or elapsed_s * 1000 <= f.latency_budget_ms)
+                and (f.tpot_budget_ms is None or tpot_s is None or tpot_s * 1000 <= f.tpot_budget_ms)
+            )
+        p = entry.profile
+        # One of the backend's slots for the request's time (arrival to last token: an upper bound).
+        cost = p.cost_per_hour * elapsed_s / 3600 / max(1, p.max_concurrency)
+        return ArmEnd(
+            rule, arm, outcome, failed, met, self.ttft_s, tpot_s,
+            usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, cost,
+        )  # fmt: skip
 
     def _reuse_reported(self, entry: Entry, cached_tokens: int) -> None:
         self.state.metrics.cached(entry.name, cached_tokens)
@@ -278,9 +320,11 @@ class RequestLife:
             replayed = Replayed(arrived, features, usage.completion_tokens if usage else None)
             if recent is not None:
                 recent.append(replayed)
+        decision = self.decision
+        if self.arm_budgets is not None:
+            self.state.splits.ended(self._arm_end(outcome, usage))
         if not logging_on:
             return
-        decision = self.decision
         log.info(
             "request",
             extra={
@@ -291,6 +335,7 @@ class RequestLife:
                 "backend": backend,
                 "route_reason": decision.reason.value if decision else None,
                 "rule": decision.rule if decision else None,
+                "arm": decision.arm if decision else None,
                 "outcome": outcome,
                 "status": status,
                 "code": code,

@@ -1,10 +1,11 @@
 """One pipeline for every front door: chat, completions, Responses, Messages and embeddings.
 
 Authenticate, read the body, let the door understand it as ``Work``, check the model, measure the
-request's routing features, admit it (tenancy), ``choose()``, refuse it when no backend takes it,
-dispatch it with failover under its deadlines, then answer as JSON or as SSE. Errors before the
-commit point are HTTP errors; after it, an SSE error event and ``[DONE]``. ``RequestLife`` records
-how the request ended, whichever way that is.
+request's routing features, admit it (tenancy), ``choose()`` (within the arm of a weighted split:
+``routing.split``), refuse it when no backend takes it, dispatch it with failover under its
+deadlines, then answer as JSON or as SSE. Errors before the commit point are HTTP errors; after it,
+an SSE error event and ``[DONE]``. ``RequestLife`` records how the request ended, whichever way
+that is.
 
 The generation doors' work is ``Generation`` (below): a ``Surface``'s request, its prompt measured
 for routing, generated on a target with the gateway's per-backend shaping.
@@ -30,6 +31,7 @@ from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
 from gateway.pipeline import cached, dispatch
+from gateway.pipeline.arms import routed
 from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.events import Events
 from gateway.pipeline.lifecycle import RequestLife
@@ -37,7 +39,7 @@ from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
 from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, Work
 from routing.features import InvalidHeader, features
-from routing.policy import choose, priority_factor
+from routing.policy import priority_factor
 from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 if TYPE_CHECKING:
@@ -80,7 +82,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         answered, missed = await cached.look(state.cache, rt.config, work.gen, feats, ex, work, life)
         if answered:
             return
-    decision = _route(state, rt, feats, snapshot, work, life)
+    decision = _route(state, rt, feats, snapshot, work, life, headers)
     if key is not None and tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     committed = await _dispatch(state, rt, work, feats, decision, life)
@@ -132,12 +134,14 @@ async def _admit(
 
 
 def _route(
-    state: AppState, rt: Runtime, feats: RequestFeatures, snapshot: FleetSnapshot, work: Work, life: RequestLife
-) -> Decision:
-    """``choose()``, counted and told (``x-enginegate-route``); a refusal when no backend takes it."""
-    decision = choose(feats, snapshot, rt.rules)
+    state: AppState, rt: Runtime, feats: RequestFeatures, snapshot: FleetSnapshot, work: Work, life: RequestLife,
+    headers: Mapping[str, str],
+) -> Decision:  # fmt: skip
+    """``choose()`` (within the arm of a weighted split), counted and told (``x-enginegate-route``); a
+    refusal when no backend takes it."""
+    decision, armed = routed(state.splits, rt.rules, feats, snapshot, headers)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(work.model, decision, work.events is not None, feats)
+    life.routed(work.model, decision, work.events is not None, feats, armed)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         # The client is told why without backend names; the log has each backend's reason.
         log.info(
