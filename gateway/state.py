@@ -13,8 +13,8 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import GenerationRequest
@@ -28,6 +28,7 @@ from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
+from routing.fallback import Step, chains
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
 
@@ -40,6 +41,11 @@ class Runtime:
     rules: Rules
     model_names: frozenset[str]
     counters: dict[str, PromptCounter]
+    # Aliases and fallbacks (docs/traffic.md): empty when the config names none.
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """What clients may send in ``model`` besides the models' names: alias -> model."""
+    chains: Mapping[str, tuple[Step, ...]] = field(default_factory=dict)
+    """Each model's whole fallback chain (``routing.fallback.chains``); absent: it has none."""
 
     @property
     def config(self) -> GatewayConfig:
@@ -62,8 +68,11 @@ class Runtime:
 
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:
-        names = frozenset(m.name for m in loaded.config.models)
-        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs))
+        models = loaded.config.models
+        names = frozenset(m.name for m in models)
+        aliases = {alias: m.name for m in models for alias in m.aliases}
+        graph = {m.name: [Step(s.model, frozenset(s.when)) for s in m.fallbacks] for m in models}
+        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs), aliases, chains(graph))
 
 
 class AppState:
