@@ -112,10 +112,10 @@ async def probe_contexts(loaded: LoadedConfig) -> list[str]:
 
 def _explain(args: argparse.Namespace) -> int:
     """Where would this request go and why, against the config file (every backend healthy and idle)."""
+    from gateway.config.fallbacks import aliases_of, chains_of
     from gateway.fleet.catalog import model_specs, profile
     from gateway.fleet.catalog import rules as build_rules
-    from routing.explain import render
-    from routing.policy import choose
+    from routing.explain import explained
     from routing.types import BackendState, FleetSnapshot, RequestFeatures
 
     loaded = _load(args.config)
@@ -134,7 +134,7 @@ def _explain(args: argparse.Namespace) -> int:
     features = RequestFeatures(
         needs=frozenset(args.needs or ()),
         extras=frozenset(args.extra or ()),
-        model=args.model,
+        model=aliases_of(loaded.config.models).get(args.model, args.model),
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         ttft_budget_ms=args.ttft_budget_ms,
@@ -145,7 +145,7 @@ def _explain(args: argparse.Namespace) -> int:
         team=args.team,
         headers=tuple((k.lower(), v) for k, _, v in (h.partition("=") for h in args.header)),
     )
-    print(render(choose(features, snapshot, build_rules(loaded)), features, snapshot))
+    print(explained(features, snapshot, build_rules(loaded), chains_of(loaded.config.models)))
     return 0
 
 

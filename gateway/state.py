@@ -20,6 +20,7 @@ from pathlib import Path
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
+from gateway.config.fallbacks import aliases_of, chains_of
 from gateway.fleet.catalog import PromptCounter, prompt_counters
 from gateway.fleet.catalog import rules as build_rules
 from gateway.fleet.engines import BackendFactory
@@ -28,7 +29,7 @@ from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
-from routing.fallback import Step, chains
+from routing.fallback import Step
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
 
@@ -70,9 +71,8 @@ class Runtime:
     def of(cls, loaded: LoadedConfig) -> Runtime:
         models = loaded.config.models
         names = frozenset(m.name for m in models)
-        aliases = {alias: m.name for m in models for alias in m.aliases}
-        graph = {m.name: [Step(s.model, frozenset(s.when)) for s in m.fallbacks] for m in models}
-        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs), aliases, chains(graph))
+        counters = prompt_counters(loaded, loaded.ggufs)
+        return cls(loaded, build_rules(loaded), names, counters, aliases_of(models), chains_of(models))
 
 
 class AppState:

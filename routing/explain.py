@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from routing.types import Decision, FleetSnapshot, RequestFeatures
+from routing import fallback
+from routing.policy import choose
+from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
 
 
 def to_dict(decision: Decision, features: RequestFeatures) -> dict[str, Any]:
@@ -96,3 +99,15 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         lines.append("excluded:")
         lines.extend(f"  {name}: {why}" for name, why in decision.excluded.items())
     return "\n".join(lines)
+
+
+def explained(
+    features: RequestFeatures,
+    snapshot: FleetSnapshot,
+    rules: Rules,
+    chains: Mapping[str, Sequence[fallback.Step]],
+) -> str:
+    """The decision for the request's model as ``render`` shows it, then its fallback chain."""
+    decision = choose(features, snapshot, rules)
+    plan = fallback.planned(features, snapshot, rules, chains.get(features.model, ()))
+    return render(decision, features, snapshot) + "\n\n" + fallback.render(features.model, decision, plan)

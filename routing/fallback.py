@@ -10,9 +10,11 @@ covers (``Step.when``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from routing.types import Decision, Reason
+from routing.policy import choose
+from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures, Rules
 
 UNAVAILABLE = "unavailable"
 OVERLOADED = "overloaded"
@@ -93,3 +95,53 @@ def chains(graph: Mapping[str, Sequence[Step]]) -> dict[str, tuple[Step, ...]]:
 def next_steps(chain: Sequence[Step], cause: str) -> list[Step]:
     """The steps of ``chain`` tried for ``cause``, in order."""
     return [s for s in chain if cause in s.when]
+
+
+def planned(
+    features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules, chain: Sequence[Step]
+) -> list[tuple[Step, Decision]]:
+    """Each step of ``chain`` with the routing decision its model would make for this request now
+    (what ``route explain`` shows: what would be tried, and whether it could take the request)."""
+    return [(step, choose(replace(features, model=step.model), snapshot, rules)) for step in chain]
+
+
+def _verdict(decision: Decision) -> str:
+    if decision.reason is Reason.UNSUPPORTED:
+        lacks = sorted({item for items in decision.lacks.values() for item in items})
+        return f"skipped: its backends lack {', '.join(lacks)}"
+    cause = decision_cause(decision)
+    if cause is not None:
+        return f"cannot take it either ({decision.reason.value}): the chain goes on for {cause}"
+    return f"would take it: {decision.candidates[0].backend} first ({decision.reason.value})"
+
+
+def to_dicts(primary: Decision, plan: Sequence[tuple[Step, Decision]]) -> list[dict[str, Any]]:
+    """The chain as ``/admin/route/explain`` returns it."""
+    cause = decision_cause(primary)
+    return [
+        {
+            "model": step.model,
+            "when": sorted(step.when),
+            "tried_now": cause is not None and cause in step.when,
+            "reason": decision.reason.value,
+            "verdict": _verdict(decision),
+        }
+        for step, decision in plan
+    ]
+
+
+def render(model: str, primary: Decision, plan: Sequence[tuple[Step, Decision]]) -> str:
+    """The chain as ``enginegate route explain`` prints it under the decision."""
+    if not plan:
+        return f"fallbacks: {model} has none"
+    cause = decision_cause(primary)
+    head = f"fallbacks of {model}, tried in order before the first token when {model} cannot serve " + (
+        f"(now: {cause}, so the steps for {cause} are tried):" if cause is not None else "(now it can):"
+    )
+    lines = [head]
+    width = max(len(step.model) for step, _ in plan)
+    for i, (step, decision) in enumerate(plan, start=1):
+        when = "any cause" if step.when == frozenset(CAUSES) else ", ".join(c for c in CAUSES if c in step.when)
+        mark = "*" if cause is not None and cause in step.when else " "
+        lines.append(f" {mark}{i}. {step.model.ljust(width)}  when {when}: {_verdict(decision)}")
+    return "\n".join(lines)

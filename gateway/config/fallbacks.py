@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from gateway.config.models import ModelConfig
-from routing.fallback import Step, cycle
+from routing.fallback import Step, chains, cycle
+
+
+def aliases_of(models: list[ModelConfig]) -> dict[str, str]:
+    """alias -> the model it names."""
+    return {alias: m.name for m in models for alias in m.aliases}
+
+
+def chains_of(models: list[ModelConfig]) -> dict[str, tuple[Step, ...]]:
+    """Each model's whole fallback chain (``routing.fallback.chains``) of a validated config."""
+    return chains({m.name: [Step(s.model, frozenset(s.when)) for s in m.fallbacks] for m in models})
 
 
 def problems(models: list[ModelConfig]) -> list[str]:

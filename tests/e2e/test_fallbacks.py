@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -70,13 +71,11 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         yield Fleet(base, backends)
 
 
-def _chat(fleet: Fleet, model: str = "chat-default", stream: bool = False, **extra: object) -> tuple[str, str, str]:
+def _chat(fleet: Fleet, model: str = "chat-default", stream: bool = False, **extra: Any) -> tuple[str, str, str]:
     """(the answer's text, its body's model, its x-enginegate-model header) through the openai client."""
+    messages: list[ChatCompletionMessageParam] = extra.pop("messages", HELLO)
     raw = fleet.client().chat.completions.with_raw_response.create(
-        model=model,
-        messages=extra.pop("messages", HELLO),
-        stream=stream,
-        **extra,  # type: ignore[arg-type]
+        model=model, messages=messages, stream=stream, **extra
     )
     parsed = raw.parse()
     if isinstance(parsed, openai.Stream):
@@ -194,3 +193,10 @@ def test_every_front_door_falls_back_and_names_the_serving_model(
     assert resp.status_code == 200, resp.text
     assert resp.headers["x-enginegate-model"] == "b" and named(resp.json()) == "b"  # type: ignore[operator]
     assert fleet.fallbacks("a", "b", "unavailable") == 1
+
+
+def test_models_list_aliases_naming_the_model_that_answers(fleet: Fleet) -> None:
+    listed = {m.id: m for m in fleet.client().models.list()}
+    assert set(listed) == {"a", "b", "c", "long", "chat-default", "gpt-4o-mini"}
+    assert listed["gpt-4o-mini"].model_dump().get("root") == "a" and "root" not in listed["a"].model_dump()
+    assert fleet.client().models.retrieve("chat-default").model_dump()["root"] == "a"

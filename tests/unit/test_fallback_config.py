@@ -3,10 +3,14 @@ message`` error, and the chains the gateway walks are the ones the file means.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from gateway.cli import main
 from gateway.config import ConfigError, parse_config
 from routing.fallback import CAUSES, Step, chains, cycle
+from tests.conftest import write_config
 
 
 def problems(models: str) -> list[str]:
@@ -66,3 +70,36 @@ def test_chains_follow_each_fallback_s_own_chain_narrowed_to_the_causes_that_led
     assert chains(graph)["a"] == (Step("b"), Step("long", ctx), Step("c"))
     assert chains(graph)["long"] == (Step("c", frozenset(CAUSES)),)
     assert "c" not in chains(graph)
+
+
+EXPLAINED = """
+models:
+  - name: llama-8b
+    gguf: "{GGUF}"
+    context: 64
+    aliases: [chat-default]
+    fallbacks:
+      - {model: llama-8b-32k, when: [context_window]}
+      - llama-8b-trt
+  - {name: llama-8b-32k, gguf: "{GGUF}"}
+  - {name: llama-8b-trt, gguf: "{GGUF}"}
+backends:
+  - {name: vllm-a, engine: vllm, url: "http://127.0.0.1:9", model: llama-8b}
+  - {name: big, engine: vllm, url: "http://127.0.0.1:9", model: llama-8b-32k}
+  - {name: trt, engine: trtllm_serve, url: "http://127.0.0.1:9", model: llama-8b-trt}
+"""
+
+
+def test_route_explain_shows_the_chain_and_which_steps_the_request_would_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path / "c.yaml", EXPLAINED)
+    assert main(["route", "explain", "--config", str(config), "--model", "chat-default", "--prompt-tokens", "20"]) == 0
+    fits = capsys.readouterr().out
+    assert "request: model llama-8b," in fits and "(now it can)" in fits
+    assert " 1. llama-8b-32k  when context_window: would take it: big first" in fits
+    assert " 2. llama-8b-trt  when any cause: would take it: trt first" in fits
+    assert main(["route", "explain", "--config", str(config), "--model", "llama-8b", "--prompt-tokens", "200"]) == 0
+    too_long = capsys.readouterr().out
+    assert "decision: nothing_fits" in too_long and "(now: context_window" in too_long
+    assert " *1. llama-8b-32k" in too_long and " *2. llama-8b-trt" in too_long
