@@ -103,3 +103,13 @@ def test_route_explain_shows_the_chain_and_which_steps_the_request_would_take(
     too_long = capsys.readouterr().out
     assert "decision: nothing_fits" in too_long and "(now: context_window" in too_long
     assert " *1. llama-8b-32k" in too_long and " *2. llama-8b-trt" in too_long
+
+
+def test_the_worked_example_of_the_docs_is_a_valid_config() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "traffic.md").read_text()
+    section = page.split("## Aliases and fallbacks", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config, _ = parse_config(example, "traffic.md")
+    llama = next(m for m in config.models if m.name == "llama-8b")
+    assert llama.aliases == ["gpt-4o-mini", "chat-default"]
+    assert (llama.fallbacks[0].model, llama.fallbacks[0].when) == ("llama-8b-128k", ["context_window"])
