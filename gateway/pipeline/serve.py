@@ -78,7 +78,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
     if key is not None and tenancy is not None:
         feats = await _admit(tenancy, key, rt, work, feats, snapshot, "x-priority" in headers, life)
-    attempt = partial(_attempt, state, rt, work, snapshot, tenancy if key is not None else None, life)
+    attempt = partial(_on_model, state, rt, work, snapshot, tenancy if key is not None else None, life)
     chain = rt.chains.get(work.model)
     if chain is None or not isinstance(work, fallback.Retargetable):
         committed = await attempt(feats)
@@ -129,7 +129,7 @@ async def _admit(
     return admitted
 
 
-async def _attempt(
+async def _on_model(
     state: AppState,
     rt: Runtime,
     work: Work,

@@ -4,6 +4,8 @@ cause, before the first token only, the answer names the model that served it (b
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from backends.base import BackendError, ErrorKind
+from backends.base import BackendError, ErrorKind, Load
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.conftest import write_config
@@ -200,3 +202,42 @@ def test_models_list_aliases_naming_the_model_that_answers(fleet: Fleet) -> None
     assert set(listed) == {"a", "b", "c", "long", "chat-default", "gpt-4o-mini"}
     assert listed["gpt-4o-mini"].model_dump().get("root") == "a" and "root" not in listed["a"].model_dump()
     assert fleet.client().models.retrieve("chat-default").model_dump()["root"] == "a"
+
+
+class Queued(ScriptedBackend):
+    """Reports a long queue: the gateway's admission control predicts a wait past its limit."""
+
+    async def load(self) -> Load | None:
+        return Load(running=64, waiting=5000)
+
+
+def test_every_backend_shed_by_the_gateway_s_admission_falls_back(tmp_path: Path) -> None:
+    config = CONFIG.replace("first_token_timeout_s: 5", "first_token_timeout_s: 5\n  max_queue_wait_s: 0.05")
+    backends: dict[str, ScriptedBackend] = {n: ScriptedBackend(n, n[:-1], words=["from", f" {n}"])
+                                            for n in ("b1", "c1")}  # fmt: skip
+    backends["a1"] = Queued("a1", "a", words=["from", " a1"])
+    backends["long1"] = ScriptedBackend("long1", "long")
+    app = create_app(load_config(write_config(tmp_path / "c.yaml", config)), factory(dict(backends)))
+    with serve_in_thread(app) as base:
+        fleet = Fleet(base, backends)
+        wait_until(lambda: _shed(base), message="a1's queue was never polled")
+        assert _chat(fleet) == ("from b1", "b", "b")
+        assert fleet.a.calls == 0 and fleet.fallbacks("a", "b", "overloaded") == 1
+
+
+def _shed(base: str) -> bool:
+    """Whether routing sheds a request for ``a`` now (its backend's reported queue has been polled)."""
+    text = httpx.get(f"{base}/metrics").text
+    waiting = re.search(r'^enginegate_backend_waiting\{backend="a1"\} (\S+)$', text, re.M)
+    return waiting is not None and float(waiting[1]) >= 5000
+
+
+def test_the_log_says_which_model_served_and_why_it_fell_back(fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    fleet.a.fail_with = CONNECT_ERROR
+    with caplog.at_level(logging.INFO, logger="enginegate.request"):
+        _chat(fleet)
+        wait_until(lambda: any(r.msg == "request" for r in caplog.records), message="no request log line")
+    steps = [r for r in caplog.records if r.msg == "fallback"]
+    assert [(r.from_model, r.to_model, r.cause) for r in steps] == [("a", "b", "unavailable")]  # type: ignore[attr-defined]
+    line = next(r for r in caplog.records if r.msg == "request")
+    assert (line.model, line.fallbacks) == ("b", 1)  # type: ignore[attr-defined]

@@ -9,7 +9,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.config import ConfigError, parse_config
-from routing.fallback import CAUSES, Step, chains, cycle
+from routing.fallback import CAUSES, Step, chains, cycle, decision_cause
+from routing.types import Decision, Reason
 from tests.conftest import write_config
 
 
@@ -113,3 +114,19 @@ def test_the_worked_example_of_the_docs_is_a_valid_config() -> None:
     llama = next(m for m in config.models if m.name == "llama-8b")
     assert llama.aliases == ["gpt-4o-mini", "chat-default"]
     assert (llama.fallbacks[0].model, llama.fallbacks[0].when) == ("llama-8b-128k", ["context_window"])
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        (Reason.NO_HEALTHY_BACKEND, "unavailable"),
+        (Reason.NO_BACKEND_FOR_MODEL, "unavailable"),
+        (Reason.OVERLOADED, "overloaded"),
+        (Reason.BUDGET_UNMEETABLE, "budget"),
+        (Reason.NOTHING_FITS, "context_window"),
+        (Reason.UNSUPPORTED, None),  # the client's to change: a 400, not another model
+        (Reason.NO_BUDGET, None),
+    ],
+)
+def test_routing_refusals_map_to_the_fallback_causes(reason: Reason, cause: str | None) -> None:
+    assert decision_cause(Decision(reason=reason, candidates=())) == cause
