@@ -18,6 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from backends.base import BackendError, ErrorKind, Load
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.tenancy.keys import digest, new_token
 from tests.conftest import write_config
 from tests.fakes import CONNECT_ERROR, UPSTREAM_ERROR, ScriptedBackend, factory, serve_in_thread
 from tests.polling import wait_until
@@ -241,3 +242,18 @@ def test_the_log_says_which_model_served_and_why_it_fell_back(fleet: Fleet, capl
     assert [(r.from_model, r.to_model, r.cause) for r in steps] == [("a", "b", "unavailable")]  # type: ignore[attr-defined]
     line = next(r for r in caplog.records if r.msg == "request")
     assert (line.model, line.fallbacks) == ("b", 1)  # type: ignore[attr-defined]
+
+
+def test_a_fallback_the_key_may_not_use_is_skipped_and_its_aliases_are_what_it_sees(tmp_path: Path) -> None:
+    key_id, token = new_token()
+    auth = f"auth: {{required: true, keys: [{{id: '{key_id}', sha256: '{digest(token)}', models: [a, c]}}]}}\n"
+    backends = {n: ScriptedBackend(n, n[:-1] if n != "long1" else "long", words=["from", f" {n}"])
+                for n in ("a1", "b1", "c1", "long1")}  # fmt: skip
+    app = create_app(load_config(write_config(tmp_path / "c.yaml", auth + CONFIG)), factory(dict(backends)))
+    with serve_in_thread(app) as base:
+        fleet = Fleet(base, backends)
+        fleet.a.fail_with = CONNECT_ERROR
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=token, max_retries=0, timeout=20)
+        answer = client.chat.completions.create(model="chat-default", messages=HELLO)
+        assert answer.model == "c" and fleet.b.calls == 0  # b is not the key's to use
+        assert {m.id for m in client.models.list()} == {"a", "c", "chat-default", "gpt-4o-mini"}

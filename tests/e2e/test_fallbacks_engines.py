@@ -44,11 +44,13 @@ limits: {{health_interval_s: 0.3}}
 models:
   - {{name: on-tgi, gguf: "{{GGUF}}", fallbacks: [demo]}}
   - {{name: short, gguf: "{{GGUF}}", context: 24, fallbacks: [{{model: demo, when: [context_window]}}]}}
-  - {{name: demo, gguf: "{{GGUF}}"}}
+  - {{name: demo, gguf: "{{GGUF}}", aliases: [chat-default]}}
+  - {{name: demo-embed, gguf: "{{GGUF}}", kind: embed, aliases: [text-embedding-3-small]}}
 backends:
   - {{name: tgi, engine: tgi, url: "{tgi}", model: on-tgi}}
   - {{name: ct2-short, engine: ctranslate2, model: short, threads: 1}}
   - {{name: ct2, engine: ctranslate2, model: demo, threads: 1}}
+  - {{name: ct2-embed, engine: ctranslate2, model: demo-embed}}
 """,
         )
         with serve_in_thread(create_app(load_config(config))) as base:
@@ -101,3 +103,17 @@ def test_a_prompt_past_the_context_is_answered_by_the_context_window_fallback(ga
         model="short", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )
     assert short.model == "short"  # a prompt that fits stays on its model
+
+
+def test_aliases_reach_the_real_engines_on_every_door(gateway: Gateway) -> None:
+    vectors = gateway.client.embeddings.with_raw_response.create(model="text-embedding-3-small", input="Hello")
+    assert vectors.parse().model == "demo-embed" and vectors.headers["x-enginegate-model"] == "demo-embed"
+    chat = gateway.client.chat.completions.create(
+        model="chat-default", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+    )
+    assert chat.model == "demo"
+    counted = httpx.post(
+        f"{gateway.base}/v1/messages/count_tokens",
+        json={"model": "chat-default", "messages": [{"role": "user", "content": "Hello"}]},
+    )
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
