@@ -257,3 +257,20 @@ def test_a_fallback_the_key_may_not_use_is_skipped_and_its_aliases_are_what_it_s
         answer = client.chat.completions.create(model="chat-default", messages=HELLO)
         assert answer.model == "c" and fleet.b.calls == 0  # b is not the key's to use
         assert {m.id for m in client.models.list()} == {"a", "c", "chat-default", "gpt-4o-mini"}
+
+
+def test_admin_explain_shows_the_chain_for_an_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EG_TEST_ADMIN", "admin-secret")
+    backends = {n: ScriptedBackend(n, n[:-1] if n != "long1" else "long") for n in ("a1", "b1", "c1", "long1")}
+    config = write_config(tmp_path / "c.yaml", "admin: {api_key_env: EG_TEST_ADMIN}\n" + CONFIG)
+    with serve_in_thread(create_app(load_config(config), factory(dict(backends)))) as base:
+        doc = httpx.post(
+            f"{base}/admin/route/explain",
+            json={"model": "chat-default", "prompt_tokens": 1000},
+            headers={"authorization": "Bearer admin-secret"},
+        ).json()
+    assert doc["request"]["model"] == "a" and doc["reason"] == "nothing_fits"
+    assert [(s["model"], s["tried_now"]) for s in doc["fallbacks"]] == [("long", True), ("b", True), ("c", True)]
+    assert doc["fallbacks"][0]["when"] == ["context_window"] and doc["fallbacks"][0]["verdict"].startswith(
+        "would take it: long1 first"
+    )
