@@ -59,8 +59,9 @@ _FIGURES = tuple(
 _INVALID = re.compile(r"^input validation error", re.IGNORECASE)
 # trtllm-serve reports a full queue as a 400 with this text; it is an overload, worth retrying elsewhere.
 _BUSY = re.compile(r"queue size of \d+ has been reached|try again later|model is overloaded", re.IGNORECASE)
-_CONTENT_CODES = frozenset({"content_filter", "content_policy_violation"})
-_OVERLOADED_TYPES = {"overloaded", "unavailable_error", "rate_limit_error", "RateLimitError"}
+# Tuples, not sets: an engine's type or code may be any JSON value, an unhashable object included.
+_CONTENT_CODES = ("content_filter", "content_policy_violation")
+_OVERLOADED_TYPES = ("overloaded", "unavailable_error", "rate_limit_error", "RateLimitError")
 
 
 class EngineError(BackendError):

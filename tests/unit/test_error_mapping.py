@@ -70,6 +70,8 @@ CASES = [
         ErrorKind.CONTENT_REFUSED,
     ),
     (400, b'{"error":{"message":"filtered","code":"content_filter","status":400}}', ErrorKind.CONTENT_REFUSED),
+    # A type or code that is an object (unhashable): read as any other failure, never an adapter crash.
+    (500, b'{"error":{"message":"x","type":{"nested":1},"code":[1]}}', ErrorKind.UPSTREAM),
 ]
 
 
