@@ -78,11 +78,12 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         raise ApiError(400, str(exc), param=exc.name, code="invalid_header") from None
     if key is not None and tenancy is not None:
         feats = await _admit(tenancy, key, rt, work, feats, snapshot, "x-priority" in headers, life)
-    attempt = partial(_on_model, state, rt, work, snapshot, tenancy if key is not None else None, life)
+    keyed = tenancy if key is not None else None
     chain = rt.chains.get(work.model)
     if chain is None or not isinstance(work, fallback.Retargetable):
-        committed = await attempt(feats)
+        committed = await _on_model(state, rt, work, snapshot, keyed, life, feats)
     else:
+        attempt = partial(_on_model, state, rt, work, snapshot, keyed, life)
         measure = partial(work.features, ex, rt, snapshot, headers)
         allowed = key.allows if key is not None else fallback.anyone
         committed = await fallback.walk(chain, work, work.model, feats, attempt, measure, allowed, life)
