@@ -274,3 +274,23 @@ def test_admin_explain_shows_the_chain_for_an_alias(tmp_path: Path, monkeypatch:
     assert doc["fallbacks"][0]["when"] == ["context_window"] and doc["fallbacks"][0]["verdict"].startswith(
         "would take it: long1 first"
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": HELLO}),
+        ("/v1/completions", {"prompt": "Hello", "max_tokens": 5}),
+        ("/v1/responses", {"input": "Hello"}),
+        ("/v1/messages", {"messages": HELLO, "max_tokens": 5}),
+    ],
+    ids=["chat", "completions", "responses", "messages"],
+)
+def test_every_front_door_s_stream_names_the_fallback_model(fleet: Fleet, path: str, body: dict[str, object]) -> None:
+    fleet.a.fail_with = CONNECT_ERROR
+    doc = {"model": "chat-default", "stream": True, **body}
+    with httpx.stream("POST", f"{fleet.base}{path}", json=doc, timeout=20) as resp:
+        text = resp.read().decode()
+    assert resp.status_code == 200 and resp.headers["x-enginegate-model"] == "b", text
+    assert '"model":"b"' in text and '"model":"a"' not in text and "chat-default" not in text
+    assert '" b1"' in text  # b's second word, in the door's own delta event
