@@ -165,6 +165,9 @@ class ErrorKind(enum.Enum):
     PROTOCOL = "protocol"
     INTERNAL = "internal"
     """The gateway's own code failed (an adapter bug): never held against the engine's breaker."""
+    CONTENT_REFUSED = "content_refused"
+    """The engine (or a guard in front of it) refused the request's content (a content policy):
+    another backend of the model would too, another model may not (a fallback, docs/traffic.md)."""
 
 
 # Whether another backend may be tried after an error of this kind (before the first token).
@@ -177,6 +180,7 @@ _RETRYABLE = {
     ErrorKind.UPSTREAM: True,
     ErrorKind.PROTOCOL: True,
     ErrorKind.INTERNAL: True,
+    ErrorKind.CONTENT_REFUSED: False,
 }
 
 

@@ -59,7 +59,9 @@ _FIGURES = tuple(
 _INVALID = re.compile(r"^input validation error", re.IGNORECASE)
 # trtllm-serve reports a full queue as a 400 with this text; it is an overload, worth retrying elsewhere.
 _BUSY = re.compile(r"queue size of \d+ has been reached|try again later|model is overloaded", re.IGNORECASE)
-_OVERLOADED_TYPES = {"overloaded", "unavailable_error", "rate_limit_error", "RateLimitError"}
+# Tuples, not sets: an engine's type or code may be any JSON value, an unhashable object included.
+_CONTENT_CODES = ("content_filter", "content_policy_violation")
+_OVERLOADED_TYPES = ("overloaded", "unavailable_error", "rate_limit_error", "RateLimitError")
 
 
 class EngineError(BackendError):
@@ -72,7 +74,7 @@ class EngineError(BackendError):
 
 
 # Engine words worth showing a client: those saying what was wrong with the request.
-_SHOWN = (ErrorKind.BAD_REQUEST, ErrorKind.CONTEXT_LENGTH)
+_SHOWN = (ErrorKind.BAD_REQUEST, ErrorKind.CONTEXT_LENGTH, ErrorKind.CONTENT_REFUSED)
 _SUMMARY = {
     ErrorKind.OVERLOADED: "the engine is overloaded",
     ErrorKind.TIMEOUT: "the engine timed out",
@@ -152,6 +154,8 @@ def _message(doc: Any) -> tuple[str, Any, Any, Any]:
 def _kind(status: int | None, message: str, type_: Any, code: Any) -> ErrorKind:
     if code == "context_length_exceeded" or type_ == "exceed_context_size_error" or _CONTEXT.search(message):
         return ErrorKind.CONTEXT_LENGTH
+    if code in _CONTENT_CODES or type_ in _CONTENT_CODES:  # a content policy (OpenAI's and Azure's codes)
+        return ErrorKind.CONTENT_REFUSED
     if status == 429 or type_ in _OVERLOADED_TYPES or _BUSY.search(message):
         return ErrorKind.OVERLOADED
     if status in (408, 504):

@@ -297,16 +297,21 @@ def _routes(state: AppState, auth: AdminAuth) -> list[Route]:
         raise HTTPException(405)
 
     def model_doc(name: str) -> dict[str, object]:
-        return {"id": name, "object": "model", "created": state.started, "owned_by": "enginegate"}
+        doc: dict[str, object] = {"id": name, "object": "model", "created": state.started, "owned_by": "enginegate"}
+        served = state.runtime.aliases.get(name)
+        if served is not None:  # an alias: listed as a model clients may ask for, naming the one that answers
+            doc["root"] = served
+        return doc
 
     async def visible(request: Request) -> frozenset[str]:
         """The models this request may see: all, or those its API key allows (401 without a valid key
         when keys are required)."""
-        names = state.runtime.model_names
+        rt = state.runtime
+        names = rt.model_names | rt.aliases.keys() if rt.aliases else rt.model_names
         if state.tenancy is None:
             return names
         key = await state.tenancy.authenticate(request.headers.get("authorization"))
-        return names if key is None else frozenset(n for n in names if key.allows(n))
+        return names if key is None else frozenset(n for n in names if key.allows(rt.aliases.get(n, n)))
 
     async def list_models(request: Request) -> Response:
         names = sorted(await visible(request))

@@ -14,8 +14,8 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
 from gateway.cache import responses as response_cache
 from gateway.config import ConfigError, GatewayConfig, LoadedConfig, load_config
+from gateway.config.fallbacks import aliases_of, chains_of
 from gateway.fleet.catalog import PromptCounter, prompt_counters
 from gateway.fleet.catalog import rules as build_rules
 from gateway.fleet.engines import BackendFactory
@@ -34,6 +35,7 @@ from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
 from gateway.whatif.diff import diff
 from gateway.whatif.records import RECENT_REQUESTS, Replayed
+from routing.fallback import Step
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
 
@@ -46,6 +48,11 @@ class Runtime:
     rules: Rules
     model_names: frozenset[str]
     counters: dict[str, PromptCounter]
+    # Aliases and fallbacks (docs/traffic.md): empty when the config names none.
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """What clients may send in ``model`` besides the models' names: alias -> model."""
+    chains: Mapping[str, tuple[Step, ...]] = field(default_factory=dict)
+    """Each model's whole fallback chain (``routing.fallback.chains``); absent: it has none."""
 
     @property
     def config(self) -> GatewayConfig:
@@ -68,8 +75,10 @@ class Runtime:
 
     @classmethod
     def of(cls, loaded: LoadedConfig) -> Runtime:
-        names = frozenset(m.name for m in loaded.config.models)
-        return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs))
+        models = loaded.config.models
+        names = frozenset(m.name for m in models)
+        counters = prompt_counters(loaded, loaded.ggufs)
+        return cls(loaded, build_rules(loaded), names, counters, aliases_of(models), chains_of(models))
 
 
 class AppState:

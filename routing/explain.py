@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from routing import fallback
 from routing.policy import with_rule_defaults
 from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
 
@@ -131,3 +133,19 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         lines.append("excluded:")
         lines.extend(f"  {name}: {why}" for name, why in decision.excluded.items())
     return "\n".join(lines)
+
+
+def explained(
+    decision: Decision,
+    features: RequestFeatures,
+    snapshot: FleetSnapshot,
+    rules: Rules,
+    chains: Mapping[str, Sequence[fallback.Step]],
+) -> str:
+    """The decision for the request's model as ``render`` shows it, then its fallback chain (if any)."""
+    text = render(decision, features, snapshot, rules)
+    chain = chains.get(features.model, ())
+    if not chain:
+        return text
+    plan = fallback.planned(features, snapshot, rules, chain)
+    return text + "\n\n" + fallback.render(features.model, decision, plan)

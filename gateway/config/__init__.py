@@ -28,7 +28,7 @@ from gateway.config.engines import (
     VLLMConfig,
 )
 from gateway.config.loader import ConfigError, LoadedConfig, default_config, load_config, parse_config
-from gateway.config.models import EfficiencyConfig, GpuConfig, ModelConfig, Name
+from gateway.config.models import EfficiencyConfig, FallbackStep, GpuConfig, ModelConfig, Name
 from gateway.config.rules import (
     BreakerConfig,
     MatchConfig,
@@ -51,6 +51,7 @@ __all__ = [
     "CapabilitiesConfig",
     "ConfigError",
     "EfficiencyConfig",
+    "FallbackStep",
     "GatewayConfig",
     "GpuConfig",
     "HttpEngineConfig",

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gateway.strict import NAME, Frozen
+from routing.fallback import CAUSES
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME)]
+Cause = Literal["unavailable", "overloaded", "budget", "context_window", "content_refused"]
+assert set(Cause.__args__) == set(CAUSES)  # type: ignore[attr-defined]  # one list of causes
+
+
+class FallbackStep(Frozen):
+    model: Name
+    """The model tried next."""
+    when: list[Cause] = list(CAUSES)  # type: ignore[arg-type]
+    """The causes it is tried for: ``unavailable`` (no healthy backend, or every one failed before
+    its first token), ``overloaded`` (every backend shed it), ``budget`` (strict mode: no backend
+    meets its budget), ``context_window`` (no backend holds the prompt, or the engine refused it as
+    too long), ``content_refused`` (the engine refused its content); default: all."""
 
 
 class ModelConfig(Frozen):
@@ -47,6 +60,22 @@ class ModelConfig(Frozen):
     """Dollars per million generated tokens, charged to API keys' budgets; 0: free."""
     price_per_mtok_cached: float | None = Field(default=None, ge=0)
     """Prompt tokens the engine served from its prefix cache; default: half of ``price_per_mtok_in``."""
+    # Aliases and fallbacks (docs/traffic.md).
+    aliases: list[Name] = []
+    """Other names clients may send in ``model`` for this model (``gpt-4o-mini``, ``chat-default``);
+    the answer names this model."""
+    fallbacks: list[FallbackStep] = []
+    """Models tried in order, before the answer's first token, when this one cannot serve a request:
+    a name (tried for every cause) or ``{model, when: [causes]}``. Each step is routed afresh (its own
+    budget fit, capabilities and backends); the fallbacks' own fallbacks follow."""
+
+    @field_validator("fallbacks", mode="before")
+    @classmethod
+    def _named(cls, value: object) -> object:
+        """A plain name is the step tried for every cause."""
+        if isinstance(value, list):
+            return [{"model": v} if isinstance(v, str) else v for v in value]
+        return value
 
 
 class GpuConfig(Frozen):

@@ -6,6 +6,7 @@ import importlib.util
 
 from pydantic import Field, model_validator
 
+from gateway.config import fallbacks
 from gateway.config.cache import CacheConfig
 from gateway.config.engines import ENGINES, BackendConfig, CTranslate2Config, LlamaCppConfig
 from gateway.config.models import EfficiencyConfig, GpuConfig, ModelConfig
@@ -86,6 +87,7 @@ class GatewayConfig(Frozen):
                     f"backends[{i}].kv_events: model {b.model!r} has no gguf: the gateway needs its tokenizer "
                     "to match prompts against the engine's token blocks"
                 )
+        errors += fallbacks.problems(self.models)
         if self.routing.prefix.share and not self.redis.url:
             errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
         if self.cache.enabled and self.cache.store == "redis" and not self.redis.url:

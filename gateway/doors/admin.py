@@ -36,6 +36,7 @@ from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from gateway.strict import Strict
 from gateway.tenancy.guard import AdminGuard
+from routing import fallback
 from routing.explain import to_dict
 from routing.features import features as prompt_features
 from routing.split import route
@@ -182,8 +183,11 @@ class _Operations:
         snapshot = self.state.fleet.snapshot()
         if body.messages is not None or body.prompt is not None:
             features = await self._with_prompt(features, body, snapshot)
-        rules = self.state.runtime.rules
-        return _json(to_dict(route(features, snapshot, rules, self.state.splits.stopped), features, rules))
+        rt = self.state.runtime
+        features = replace(features, model=rt.aliases.get(features.model, features.model))
+        decision = route(features, snapshot, rt.rules, self.state.splits.stopped)
+        plan = fallback.planned(features, snapshot, rt.rules, rt.chains.get(features.model, ()))
+        return _json({**to_dict(decision, features, rt.rules), "fallbacks": fallback.to_dicts(decision, plan)})
 
     async def _with_prompt(
         self, features: RequestFeatures, body: ExplainBody, snapshot: FleetSnapshot

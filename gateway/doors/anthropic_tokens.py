@@ -28,6 +28,7 @@ from backends.text import ChatRenderer, estimate_tokens
 from gateway.doors.anthropic_api import parse_conversation, prompt_of
 from gateway.doors.anthropic_events import error_doc
 from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
+from gateway.pipeline.fallback import unaliased
 from gateway.state import AppState
 
 PATH = "/v1/messages/count_tokens"
@@ -61,7 +62,7 @@ async def _count(request: Request, state: AppState) -> Response:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
-    body = parse_conversation(data, rt.config.limits)
+    body = parse_conversation(unaliased(data, rt.aliases) if rt.aliases else data, rt.config.limits)
     if body.model not in rt.model_names or (key is not None and not key.allows(body.model)):
         raise model_not_found(body.model)
     gen = prompt_of(body, request.scope.get("enginegate.request_id", "count"))

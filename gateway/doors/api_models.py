@@ -233,6 +233,8 @@ class ModelCard(_Doc):
     object: Literal["model"]
     created: int
     owned_by: str
+    root: str | None = None
+    """For an alias (``models[].aliases``): the model that answers requests naming it."""
 
 
 class ModelList(_Doc):

@@ -84,6 +84,7 @@ _KIND = {
     ErrorKind.UPSTREAM: (502, "api_error", "upstream_error"),
     ErrorKind.PROTOCOL: (502, "api_error", "upstream_protocol_error"),
     ErrorKind.INTERNAL: (500, "api_error", "internal_error"),
+    ErrorKind.CONTENT_REFUSED: (400, "invalid_request_error", "content_policy_violation"),
 }
 
 
@@ -96,9 +97,10 @@ _WORDS = {
     ErrorKind.INTERNAL: "The gateway hit an internal error; the request id identifies it in the logs.",
     ErrorKind.BAD_REQUEST: "The engine refused the request as invalid.",
     ErrorKind.CONTEXT_LENGTH: "The request does not fit the model's context: shorten the prompt or lower max_tokens.",
+    ErrorKind.CONTENT_REFUSED: "The engine refused the request's content.",
 }
 """The gateway's own words for each kind of engine failure."""
-_REFUSALS = (ErrorKind.BAD_REQUEST, ErrorKind.CONTEXT_LENGTH)
+_REFUSALS = (ErrorKind.BAD_REQUEST, ErrorKind.CONTEXT_LENGTH, ErrorKind.CONTENT_REFUSED)
 """Kinds whose engine words may reach the client: they say what to change in the request."""
 _HEAD = re.compile(r"^\S+ (?:answered \d{3}|stream error): ")
 """How ``backends.http_errors`` starts a message: the backend's name and what it did."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,8 +84,10 @@ def _explain(args: argparse.Namespace) -> int:
     """Where would this request go and why, against the config file (every backend healthy and idle)."""
     import json
 
+    from gateway.config.fallbacks import aliases_of, chains_of
     from gateway.fleet.catalog import rules as build_rules
-    from routing.explain import render, to_dict
+    from routing import fallback
+    from routing.explain import explained, to_dict
     from routing.split import route
 
     loaded = load_or_report(args.config)
@@ -92,15 +95,22 @@ def _explain(args: argparse.Namespace) -> int:
         return 1
     snapshot, rules = idle_fleet(loaded), build_rules(loaded)
     base = _features(args, args.prompt_tokens[0])
+    base = replace(base, model=aliases_of(loaded.config.models).get(base.model, base.model))
+    chains = chains_of(loaded.config.models)
     runs = [(f, route(f, snapshot, rules)) for f in (replace(base, prompt_tokens=n) for n in args.prompt_tokens)]
     known = sorted(snapshot.models)
-    if args.model not in snapshot.models:
+    if base.model not in snapshot.models:
         print(f"unknown model {args.model!r} (known: {', '.join(known)})", file=sys.stderr)
     if args.json:
-        docs = [to_dict(d, f, rules) | _unknown(args.model, known) for f, d in runs]
+        docs = [
+            to_dict(d, f, rules)
+            | {"fallbacks": fallback.to_dicts(d, fallback.planned(f, snapshot, rules, chains.get(f.model, ())))}
+            | _unknown(base.model, known)
+            for f, d in runs
+        ]
         print(json.dumps(docs[0] if len(docs) == 1 else {"sweep": docs}, indent=2))
     elif len(runs) == 1:
-        print(render(runs[0][1], runs[0][0], snapshot, rules))
+        print(explained(runs[0][1], runs[0][0], snapshot, rules, chains))
     else:
         from gateway.ops.sweep import table
 
@@ -109,7 +119,22 @@ def _explain(args: argparse.Namespace) -> int:
         code = _plot(args, runs, snapshot, rules)
         if code:
             return code
-    return max(exit_code(d) for _, d in runs)
+    return max(_rescued(f, d, snapshot, rules, chains) for f, d in runs)
+
+
+def _rescued(
+    f: RequestFeatures, decision: Decision, snapshot: FleetSnapshot, rules: Rules, chains: Mapping[str, Sequence[Any]]
+) -> int:
+    """``exit_code``, but 0 when the model's fallback chain has a step that would take the request."""
+    from routing import fallback
+
+    code = exit_code(decision)
+    cause = fallback.decision_cause(decision)
+    if code == 0 or cause is None:
+        return code
+    plan = fallback.planned(f, snapshot, rules, fallback.next_steps(chains.get(f.model, ()), cause))
+    taken = any(fallback.decision_cause(d) is None and d.candidates for _, d in plan)
+    return 0 if taken else code
 
 
 def _unknown(model: str, known: list[str]) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class RequestLife:
         self.first_at = 0.0
         self.failures: list[tuple[str, BackendError]] = []
         self.attempts = 0
+        self.fallbacks = 0
+        """Models this request went on to after its own could not serve it (docs/traffic.md)."""
         self.engine_wait_s = 0.0
         self.caller: dict[str, object] = {}
         """What the client said about itself (OpenAI's user, metadata, safety_identifier): logged."""
@@ -159,10 +161,26 @@ class RequestLife:
         self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started
         self.state.metrics.attempt(entry.name, "ok")
+        self.ex.header("x-enginegate-model", self.model)  # the model that answers (an alias's, a fallback)
         if self.failures:
             self.state.metrics.failover(self.model)
         if self._named:
             self.ex.header("x-enginegate-backend", entry.name)
+
+    def fell_back(self, model: str, to: str, cause: str) -> None:
+        """The request went on to ``to`` because ``model`` could not serve it (``cause``)."""
+        self.fallbacks += 1
+        self.state.metrics.fallback(model, to, cause)
+        log.info(
+            "fallback",
+            extra={"request_id": self.ex.request_id, "from_model": model, "to_model": to, "cause": cause},
+        )
+
+    def fallback_skipped(self, model: str, cause: str, why: str) -> None:
+        log.info(
+            "fallback skipped",
+            extra={"request_id": self.ex.request_id, "to_model": model, "cause": cause, "why": why},
+        )
 
     def overhead_header(self, engine_wait_s: float) -> None:
         """The request's time in the gateway so far minus the time it waited on its engine."""
@@ -342,6 +360,7 @@ class RequestLife:
                 "error_kind": error.kind.value if error else None,
                 "stream": self.stream,
                 "attempts": self.attempts,
+                "fallbacks": self.fallbacks,
                 "ttft_ms": round(self.ttft_s * 1000, 3) if self.entry is not None else None,
                 "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
                 "engine_wait_ms": round(self.engine_wait_s * 1000, 3),

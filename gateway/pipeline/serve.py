@@ -24,16 +24,17 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from backends.base import BackendError, Chunk, EngineClock, GenerationRequest, Usage
-from backends.capabilities import needs, without
+from backends.capabilities import needs
 from gateway.config import LimitsConfig
 from gateway.fleet.accounting import note_context
 from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
-from gateway.pipeline import cached, dispatch
+from gateway.pipeline import cached, dispatch, fallback
 from gateway.pipeline.arms import routed
 from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.events import Events
+from gateway.pipeline.fields import check_extras, drop_unsupported
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
@@ -65,7 +66,10 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
     rt = state.runtime  # one config for the whole request, whatever a reload does meanwhile
     tenancy = state.tenancy  # None without API keys: nothing below costs anything then
     key = await tenancy.authenticate(headers.get("authorization")) if tenancy is not None else None
-    work = door.understood(await _json(ex, headers, rt.config.limits), rt, ex.request_id)
+    data = await _json(ex, headers, rt.config.limits)
+    if rt.aliases:
+        data = fallback.unaliased(data, rt.aliases)
+    work = door.understood(data, rt, ex.request_id)
     if work.model not in rt.model_names:
         raise model_not_found(work.model)
     life.model = work.model
@@ -82,10 +86,17 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         answered, missed = await cached.look(state.cache, rt.config, work.gen, feats, ex, work, life)
         if answered:
             return
-    decision = _route(state, rt, feats, snapshot, work, life, headers)
-    if key is not None and tenancy is not None:
-        tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
-    committed = await _dispatch(state, rt, work, feats, decision, life)
+    asked, keyed = work.model, tenancy if key is not None else None
+    chain = rt.chains.get(work.model)
+    if chain is None or not isinstance(work, fallback.Retargetable):
+        committed = await _on_model(state, rt, work, snapshot, keyed, headers, life, feats)
+    else:
+        attempt = partial(_on_model, state, rt, work, snapshot, keyed, headers, life)
+        measure = partial(work.features, ex, rt, snapshot, headers)
+        allowed = key.allows if key is not None else fallback.anyone
+        committed = await fallback.walk(chain, work, work.model, feats, attempt, measure, allowed, life)
+    if work.model != asked:
+        missed = None  # another model answered: not the answer stored for the model asked
     life.committed(committed)
     answer = work.events
     if answer is not None:
@@ -131,6 +142,23 @@ async def _admit(
     admitted = await tenancy.admit(key, feats, life, explicit_priority, cap, context, estimated)
     work.admitted(admitted)
     return admitted
+
+
+async def _on_model(
+    state: AppState,
+    rt: Runtime,
+    work: Work,
+    snapshot: FleetSnapshot,
+    tenancy: Tenancy | None,
+    headers: Mapping[str, str],
+    life: RequestLife,
+    feats: RequestFeatures,
+) -> Committed[Entry]:
+    """The work on its model: routed, a key's fair share kept, dispatched up to its commit point."""
+    decision = _route(state, rt, feats, snapshot, work, life, headers)
+    if tenancy is not None:
+        tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
+    return await _dispatch(state, rt, work, feats, decision, life)
 
 
 def _route(
@@ -232,9 +260,9 @@ class Generation:
         wanted = needs(gen)
         extras = frozenset(gen.extra)
         if (wanted or extras) and rt.config.routing.drop_unsupported:
-            gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
+            gen, wanted, extras = drop_unsupported(ex, gen, wanted, extras, snapshot)
         self.gen, self.wanted, self.extras = gen, wanted, extras
-        _check_extras(gen)
+        check_extras(gen)
         exact, token_ids = await rt.measure(gen, snapshot)
         feats = features(
             gen.model,
@@ -287,49 +315,20 @@ class Generation:
         request = resized(self.gen, self.cap, context, self.bound, error, learned)
         return None if request is None else open_answer(target.backend, target.capabilities, request, self.recount)
 
+    def serve_as(self, model: str) -> None:
+        """A fallback (``gateway.pipeline.fallback``): the same request to ``model``, answered in its name."""
+        self._asked = replace(self._asked, gen=replace(self._asked.gen, model=model))
+        self.gen = replace(self.gen, model=model)
+        self.model = model
+        if self.events is not None:
+            self.events = self._surface.answer(self._asked, self._request_id)
+
     def at_once(self, target: Entry) -> bool:
         whole = target.whole
         return whole is not None and whole.answers_whole(self.gen)
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         return self._surface.answer(self._asked, self._request_id).whole(chunks)
-
-
-def _check_extras(gen: GenerationRequest) -> None:
-    """Engine extras that ask for more than the answer's length allows are refused here, on every
-    engine alike: ``min_tokens`` above the client's ``max_tokens``. (Without ``max_tokens`` the gateway
-    sizes the answer to the backend's context, which bounds ``ignore_eos`` too, and ``min_tokens`` is
-    checked against that length: ``shaping.open_sized``.)"""
-    min_tokens = gen.extra.get("min_tokens")
-    if min_tokens is None:
-        return
-    if type(min_tokens) is not int or min_tokens < 0:
-        raise ApiError(400, "'min_tokens' must be a non-negative integer.", param="min_tokens", code="invalid_value")
-    if gen.max_tokens is not None and min_tokens > gen.max_tokens:
-        raise ApiError(
-            400,
-            f"'min_tokens' ({min_tokens}) must be less than or equal to 'max_tokens' ({gen.max_tokens}).",
-            param="min_tokens",
-            code="invalid_value",
-        )
-
-
-def _drop_unsupported(
-    ex: Exchange, gen: GenerationRequest, wanted: dict[str, str], extras: frozenset[str], snapshot: FleetSnapshot
-) -> tuple[GenerationRequest, dict[str, str], frozenset[str]]:
-    """``routing.drop_unsupported``: what no backend serving the model honours is dropped from the
-    request and named in the ``x-enginegate-dropped`` header, instead of refused."""
-    serving = [b.profile for b in snapshot.backends if gen.model in b.profile.models]
-    features = frozenset().union(*(p.features for p in serving))
-    understood = frozenset().union(*(p.extras for p in serving))
-    dropped_features = [name for name in wanted if name not in features]
-    dropped_extras = sorted(extras - understood)
-    if not dropped_features and not dropped_extras:
-        return gen, wanted, extras
-    gen = without(gen, dropped_features, dropped_extras)
-    names = sorted({wanted[name] for name in dropped_features} | set(dropped_extras))
-    ex.header("x-enginegate-dropped", ",".join(names))
-    return gen, needs(gen), extras - set(dropped_extras)
 
 
 async def _stream(

@@ -264,6 +264,12 @@ class Metrics:
                 registry=r,
             )
         )
+        self._fallbacks = _Children(Counter(
+            "enginegate_fallbacks",
+            "Requests sent on to a fallback model (from_model, to_model) because their model could not serve"
+            " them (cause: unavailable, overloaded, budget, context_window, content_refused).",
+            ["from_model", "to_model", "cause"], registry=r,
+        ))  # fmt: skip
         self._overhead = _Children(Histogram(
             "enginegate_gateway_overhead_seconds", "Time the gateway itself adds to a request (engines excluded).",
             ["route"], buckets=OVERHEAD_BUCKETS, registry=r,
@@ -298,6 +304,9 @@ class Metrics:
 
     def failover(self, model: str) -> None:
         self._failovers(self.model(model)).inc()
+
+    def fallback(self, model: str, to: str, cause: str) -> None:
+        self._fallbacks(self.model(model), self.model(to), cause).inc()
 
     def started(self, route: str) -> None:
         self._in_flight(route).inc()

@@ -62,6 +62,16 @@ CASES = [
     (400, b'{"object":"error","message":"Model \\"x\\" not found.","code":40301}', ErrorKind.BAD_REQUEST),
     # a body that is not JSON at all
     (502, b"<html>Bad Gateway</html>", ErrorKind.UPSTREAM),
+    # A content policy (OpenAI's code, and Azure's content filter): another model's to try (docs/traffic.md).
+    (
+        400,
+        b'{"error":{"message":"Your request was rejected by the safety system.","type":"invalid_request_error",'
+        b'"code":"content_policy_violation"}}',
+        ErrorKind.CONTENT_REFUSED,
+    ),
+    (400, b'{"error":{"message":"filtered","code":"content_filter","status":400}}', ErrorKind.CONTENT_REFUSED),
+    # A type or code that is an object (unhashable): read as any other failure, never an adapter crash.
+    (500, b'{"error":{"message":"x","type":{"nested":1},"code":[1]}}', ErrorKind.UPSTREAM),
 ]
 
 

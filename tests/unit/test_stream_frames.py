@@ -61,5 +61,6 @@ def test_no_generator_stands_between_the_engine_and_the_socket(tmp_path: Path) -
     finally:
         sys.setprofile(None)
     assert sent.count(b"data: ") == 6  # the role, three words, the finish, [DONE]
-    assert stacks[0] == ["_head", "_attempt", "start", "_dispatch", "_serve"]  # dispatch reads to the commit point
+    # dispatch reads to the commit point (on the request's model, or a fallback's: gateway/pipeline/fallback.py)
+    assert stacks[0] == ["_head", "_attempt", "start", "_dispatch", "_on_model", "_serve"]
     assert stacks[1:] == [["_stream", "_serve"]] * 3  # then the stream is read where it is written
