@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.tenancy import commands as keys_commands
 
     keys_commands.add_parser(sub, default_config())
+    from gateway.telemetry import shadow_report
+
+    shadow_report.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

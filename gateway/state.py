@@ -27,6 +27,7 @@ from gateway.fleet.entry import Entry
 from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
+from gateway.telemetry.shadows import Shadows
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
@@ -86,6 +87,8 @@ class AppState:
                 cfg.redis.url, self.fleet.accounts.learn, timeout_s=cfg.redis.timeout_s, count=self.metrics.prefix_share
             )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
+        self.shadows = Shadows(self.metrics.registry, cfg.shadow.ring)
+        """Shadow traffic's requests in flight and its comparisons (gateway/pipeline/shadow.py)."""
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
         self.started = int(time.time())
         self.draining = False

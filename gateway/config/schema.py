@@ -10,6 +10,7 @@ from gateway.config.engines import ENGINES, BackendConfig, CTranslate2Config, Ll
 from gateway.config.models import EfficiencyConfig, GpuConfig, ModelConfig
 from gateway.config.rules import RoutingConfig
 from gateway.config.server import AdminConfig, LimitsConfig, MetricsConfig, ServerConfig
+from gateway.config.shadow import ShadowConfig, shadow_problems
 from gateway.strict import Frozen
 from gateway.tenancy.settings import AuthConfig, RedisConfig
 
@@ -29,6 +30,8 @@ class GatewayConfig(Frozen):
     """API keys: whether they are required, where they live, their limits."""
     redis: RedisConfig = RedisConfig()
     """The Redis that replicas share limits, budgets and prefix blocks through."""
+    shadow: ShadowConfig = ShadowConfig()
+    """Where shadow traffic's comparisons go (rules' ``shadow:`` mirror requests to a candidate)."""
     gpus: list[GpuConfig] = []
     """GPUs beyond the built-in catalog (A10G, L4, A100-40GB, A100-80GB, H100, H200), or replacing an entry."""
     engine_efficiency: dict[str, EfficiencyConfig] = {}
@@ -67,6 +70,7 @@ class GatewayConfig(Frozen):
                 for target in getattr(r, key):
                     if target not in names:
                         errors.append(f"routing.rules[{i}].{key}: {target!r} is neither a backend nor a pool")
+        errors += shadow_problems(self.routing.rules, names | set(models))
         for engine in self.engine_efficiency:
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")

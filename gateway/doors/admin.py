@@ -11,6 +11,7 @@ refusal is logged with it. With
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -32,6 +33,7 @@ from gateway.http.supervisor import SUPERVISOR_ENV
 from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from gateway.strict import Strict
+from gateway.telemetry.shadow_report import summarize
 from gateway.tenancy.guard import AdminGuard
 from routing.explain import to_dict
 from routing.features import features as prompt_features
@@ -221,6 +223,13 @@ class _Operations:
         }  # fmt: skip
         return _json(doc)
 
+    async def shadow(self, request: Request) -> Response:
+        """Shadow traffic's comparisons in memory, summed up as ``enginegate shadow report`` does."""
+        shadows = self.state.shadows
+        records = list(shadows.ring)
+        groups = await asyncio.to_thread(summarize, records)  # thousands of records: off the event loop
+        return _json({"pairs": len(records), "in_flight": len(shadows.tasks), "groups": groups})
+
 
 def routes(state: AppState) -> list[Route]:
     """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
@@ -230,4 +239,5 @@ def routes(state: AppState) -> list[Route]:
         Route("/admin/reload", ops.reload, methods=["POST"]),
         Route("/admin/route/explain", ops.explain, methods=["POST"]),
         Route("/admin/fleet", ops.fleet, methods=["GET"]),
+        Route("/admin/shadow", ops.shadow, methods=["GET"]),
     ]

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from backends.base import BackendError, ErrorKind, Usage
 from gateway.fleet.entry import Entry
@@ -31,6 +31,14 @@ if TYPE_CHECKING:
     from gateway.state import AppState
 
 log = logging.getLogger("enginegate.request")
+
+
+class Watcher(Protocol):
+    """Who else hears how the request went: its shadow pair (``gateway.pipeline.shadow``)."""
+
+    def committed(self, committed: Committed[Entry]) -> None: ...
+
+    def end(self, life: RequestLife, outcome: str, usage: Usage | None) -> None: ...
 
 
 class RequestLife:
@@ -56,6 +64,8 @@ class RequestLife:
         self.on_end: Callable[[Usage | None, bool], float] | None = None
         """Tenancy's settlement hook: called once with the usage and whether an answer started, when the
         request's end is recorded; returns the request's cost in dollars (logged)."""
+        self.shadow: Watcher | None = None
+        """The request's shadow pair, when its rule mirrored it."""
         self._ended = False
         self._named = state.config.server.backend_headers
         """Whether answers name their backend and rule (``server.backend_headers``)."""
@@ -145,6 +155,8 @@ class RequestLife:
             self.state.metrics.failover(self.model)
         if self._named:
             self.ex.header("x-enginegate-backend", entry.name)
+        if self.shadow is not None:
+            self.shadow.committed(committed)
 
     def overhead_header(self, engine_wait_s: float) -> None:
         """The request's time in the gateway so far minus the time it waited on its engine."""
@@ -253,6 +265,8 @@ class RequestLife:
         backend = self.backend
         cost = self.on_end(usage, self.entry is not None) if self.on_end is not None else None
         self.state.metrics.request(self.route, self.model, backend, outcome, status)
+        if self.shadow is not None:
+            self.shadow.end(self, outcome, usage)
         if not log.isEnabledFor(logging.INFO):
             return
         decision = self.decision

@@ -33,6 +33,7 @@ from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.refusals import no_candidates
+from gateway.pipeline.shadow import mirror
 from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
 from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, UsageTotal, Work
 from routing.features import InvalidHeader, features
@@ -77,6 +78,8 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
     decision = _route(state, rt, feats, snapshot, work, life)
     if key is not None and tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
+    if decision.rule is not None and isinstance(work, Generation):  # a rule may mirror it: shadow traffic
+        mirror(state, rt, work, feats, decision, life)
     committed = await _dispatch(state, rt, work, feats, decision, life)
     life.committed(committed)
     answer = work.events
