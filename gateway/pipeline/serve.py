@@ -79,7 +79,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
     if key is not None and tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     if decision.rule is not None and isinstance(work, Generation):  # a rule may mirror it: shadow traffic
-        mirror(state, rt, work, feats, decision, life)
+        mirror(state, rt, work, feats, decision, snapshot, life)
     committed = await _dispatch(state, rt, work, feats, decision, life)
     life.committed(committed)
     answer = work.events

@@ -33,7 +33,7 @@ from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bo
 from gateway.pipeline.surfaces import Answer, UsageTotal
 from gateway.telemetry.shadow_pairs import COMPARED_CHARS, PairInfo, Side, capacity_cost, comparison
 from routing.policy import choose, with_rule_defaults
-from routing.types import Decision, Mode, RequestFeatures, Rule, Rules
+from routing.types import Decision, FleetSnapshot, Mode, RequestFeatures, Rule, Rules
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
@@ -51,9 +51,16 @@ class Mirrorable(Protocol):
 
 
 def mirror(
-    state: AppState, rt: Runtime, work: Mirrorable, feats: RequestFeatures, decision: Decision, life: RequestLife
+    state: AppState,
+    rt: Runtime,
+    work: Mirrorable,
+    feats: RequestFeatures,
+    decision: Decision,
+    snapshot: FleetSnapshot,
+    life: RequestLife,
 ) -> None:
-    """Mirror the request when its rule says so and it is drawn; called after routing, before dispatch."""
+    """Mirror the request when its rule says so and it is drawn; called after routing, before dispatch,
+    with the fleet's ``snapshot`` the primary was routed on (the candidate is routed on it too)."""
     name = decision.rule
     rule = state.shadows.plan(rt.config.routing, name) if name is not None else None
     if rule is None or rule.shadow is None or random.random() >= rule.shadow.share:
@@ -69,7 +76,7 @@ def mirror(
     life.shadow = pair
     if work.events is not None:
         work.events = _Listening(work.events, pair.primary)
-    state.shadows.spawn(_shadow(state, rt, rule, plan, work, feats, pair))
+    state.shadows.spawn(_shadow(state, rt, rule, plan, work, feats, snapshot, pair))
 
 
 def _info(
@@ -237,12 +244,12 @@ def _opening(rt: Runtime, work: Mirrorable, model: str, context: int) -> _Openin
 
 async def _shadow(
     state: AppState, rt: Runtime, rule: RuleConfig, plan: RuleShadow, work: Mirrorable, feats: RequestFeatures,
-    pair: Pair,
+    snapshot: FleetSnapshot, pair: Pair,
 ) -> None:  # fmt: skip
     """The mirrored request, then (its slot free again) the pair's record once the primary ended."""
     book = state.shadows
     try:
-        side = await _candidate(state, rt, rule, plan, work, feats, pair)
+        side = await _candidate(state, rt, rule, plan, work, feats, snapshot, pair)
     except asyncio.CancelledError:
         book.dropped(rule.name, plan.to, "cancelled")
         raise
@@ -260,10 +267,9 @@ async def _shadow(
 
 async def _candidate(
     state: AppState, rt: Runtime, rule: RuleConfig, plan: RuleShadow, work: Mirrorable, feats: RequestFeatures,
-    pair: Pair,
+    snapshot: FleetSnapshot, pair: Pair,
 ) -> Side | None:  # fmt: skip
     """Route and send the mirrored request and read its answer to the end; None when no backend takes it."""
-    snapshot = state.fleet.snapshot()
     model = plan.to if plan.to in rt.model_names else work.gen.model
     require = () if model != work.gen.model else (plan.to,)
     rules = Rules((_rule(rule, require),), 1, Mode.BEST_EFFORT, False, rt.rules.weights, rt.rules.max_queue_wait_ms)

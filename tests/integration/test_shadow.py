@@ -20,6 +20,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Gateway, create_app
@@ -35,7 +36,7 @@ from tests.fakes import serve_in_thread
 from tests.polling import wait_until
 
 MODEL = "enginegate-demo"
-HELLO = [{"role": "user", "content": "Hello"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 
 
 @dataclass
@@ -153,7 +154,7 @@ def test_shadows_never_count_against_the_keys_limits(fresh: Engines, tmp_path: P
 
     key_id, token = new_token()
     auth = f'auth: {{required: true, keys: [{{id: "{key_id}", sha256: "{digest(token)}", rpm: 3}}]}}'
-    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}", auth)) as (url, app):
+    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}", auth)) as (url, _app):
         client = _client(url, token)
         remaining = []
         for _ in range(3):  # with the shadows counted, the second request would be over the limit
@@ -211,6 +212,32 @@ def test_shutdown_cancels_a_shadow_in_flight(fresh: Engines, tmp_path: Path) -> 
     assert not app.state.shadows.ring  # no comparison from half an answer
 
 
+def test_the_end_of_a_drains_grace_cancels_shadows_in_flight(fresh: Engines, tmp_path: Path) -> None:
+    fresh.trt.token_delay_s = 60.0
+    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}")) as (url, app):
+        client = _client(url)
+        assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4).choices[0].message
+        wait_until(lambda: fresh.trt.running == 1, message="the shadow is generating on the candidate")
+        [task] = app.state.shadows.tasks
+        task.get_loop().call_soon_threadsafe(app.end_requests)  # what SIGTERM's drain does after the grace
+        wait_until(lambda: fresh.trt.running == 0, timeout=20, message="the candidate never saw the disconnect")
+        wait_until(lambda: not app.state.shadows.tasks)
+        # The gateway still serves (the listener closes on its own schedule); a new request is answered.
+        assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4).choices[0].message
+
+
+def test_a_full_rule_drops_its_shadows_instead_of_queueing_them(fresh: Engines, tmp_path: Path) -> None:
+    fresh.trt.token_delay_s = 60.0  # the first shadow holds the rule's one slot
+    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0, max_concurrency: 1}")) as (url, app):
+        client = _client(url)
+        for _ in range(3):
+            assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4).choices[0].message
+            wait_until(lambda: fresh.trt.running == 1, message="the first shadow is generating")
+        labels = {"rule": "mirror", "candidate": "trt-candidate", "reason": "full"}
+        assert _sample(app, "enginegate_shadow_dropped_total", **labels) == 2
+        assert len(fresh.trt_received) == 1 and len(fresh.vllm.received) == 3
+
+
 def _trt_counts(url: str) -> tuple[float, dict[str, float]]:
     text = httpx.get(f"{url}/prometheus/metrics", timeout=10).text
     tokens, reasons = 0.0, {}
@@ -231,7 +258,7 @@ def test_the_report_agrees_with_what_the_engines_counted(
     extra = f'shadow: {{log_path: "{log}"}}\nadmin: {{api_key_env: EG_SHADOW_TEST_ADMIN}}'
     trt_tokens, trt_reasons = _trt_counts(fresh.trt_url)
     vllm_tokens = fresh.vllm_engine.generated_tokens
-    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}", extra)) as (url, app):
+    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}", extra)) as (url, _app):
         client = _client(url)
         finishes: dict[str, int] = {}
         for i, max_tokens in enumerate((2, 64, 3, 64, 1, 64)):  # cut by length, and ended by the model (stop)
