@@ -1,4 +1,4 @@
-"""The ``enginegate`` command: ``serve``, ``epp``, ``config check``, ``route explain``, ``simulate`` and ``keys``."""
+"""The ``enginegate`` command: serve, epp, config check, route explain, simulate, keys and shadow report."""
 
 from __future__ import annotations
 

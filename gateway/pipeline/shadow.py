@@ -15,6 +15,7 @@ side comes from its ``RequestLife`` (``Watcher``) and the text it streamed or an
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,8 @@ from routing.types import Decision, FleetSnapshot, Mode, RequestFeatures, Rule, 
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
+
+log = logging.getLogger("enginegate.shadow")
 
 
 class Mirrorable(Protocol):
@@ -257,8 +260,12 @@ async def _shadow(
         book.release(rule.name)
     if side is None:
         return
-    async with asyncio.timeout(rt.config.routing.answer_timeout_s + 60):  # the primary always ends; bounded anyway
-        primary = await pair.ended
+    try:
+        async with asyncio.timeout(rt.config.routing.answer_timeout_s + 60):  # the primary always ends; bounded anyway
+            primary = await pair.ended
+    except TimeoutError:
+        log.warning("shadow pair not compared: its primary did not end", extra={"request_id": pair.info.request_id})
+        return
     cfg = rt.config.shadow
     prompt = (work.gen.messages if work.gen.messages is not None else work.gen.prompt) if cfg.log_texts else None
     doc = comparison(pair.info, primary, side, cfg.similarity_threshold, prompt, cfg.log_texts)

@@ -45,14 +45,15 @@ class Side:
             return None
         return (self.e2e_s - self.ttft_s) / (n - 1)
 
-    def doc(self) -> dict[str, Any]:
+    def doc(self, stream: bool = True) -> dict[str, Any]:
+        """As a record's side. A whole answer (not streamed) has no TPOT: the engine sent it at once."""
         return {
             "backend": self.backend,
             "model": self.model,
             "outcome": self.outcome,
             "error": self.error,
             "ttft_ms": _ms(self.ttft_s),
-            "tpot_ms": _ms(self.tpot_s),
+            "tpot_ms": _ms(self.tpot_s) if stream else None,
             "e2e_ms": _ms(self.e2e_s),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -118,8 +119,8 @@ def comparison(
             "latency_ms": info.latency_budget_ms,
             "tpot_ms": info.tpot_budget_ms,
         },
-        "primary": primary.doc(),
-        "shadow": shadow.doc(),
+        "primary": primary.doc(info.stream),
+        "shadow": shadow.doc(info.stream),
         "agreement": agreement,
     }
     if texts:

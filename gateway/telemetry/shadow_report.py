@@ -160,16 +160,16 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{_pct(row['agreement'])} of {row['compared']} compared (mean similarity {_num(row['mean_similarity'])})",
             f"  budgets met: candidate {_pct(s['budgets_met'])} vs primary {_pct(p['budgets_met'])} "
             f"(of {row['with_budget']} pairs with a budget)",
-            f"  {'':16}{'primary':>20}{'candidate':>20}",
+            f"  {'':22}{'primary':>18}{'candidate':>18}",
         ]
         for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "end-to-end ms")):
             cells = [f"{_num(side[key]['p50'])} / {_num(side[key]['p99'])}" for side in (p, s)]
-            out.append(f"  {label + ' p50/p99':16}{cells[0]:>20}{cells[1]:>20}")
-        out.append(f"  {'tokens':16}{p['completion_tokens']:>20}{s['completion_tokens']:>20}")
-        out.append(f"  {'cost':16}{p['cost_usd']:>20.8f}{s['cost_usd']:>20.8f}")
+            out.append(f"  {label + ' p50/p99':22}{cells[0]:>18}{cells[1]:>18}")
+        out.append(f"  {'completion tokens':22}{p['completion_tokens']:>18}{s['completion_tokens']:>18}")
+        out.append(f"  {'cost':22}{p['cost_usd']:>18.8f}{s['cost_usd']:>18.8f}")
         per_m = [f"{side['cost_per_million_tokens']:.4f}" if side["cost_per_million_tokens"] is not None else "-"
                  for side in (p, s)]  # fmt: skip
-        out.append(f"  {'cost per 1M tok':16}{per_m[0]:>20}{per_m[1]:>20}")
+        out.append(f"  {'cost per 1M tokens':22}{per_m[0]:>18}{per_m[1]:>18}")
         for name, side in (("primary", p), ("candidate", s)):
             reasons = ", ".join(f"{k} {v}" for k, v in side["finish_reasons"].items())
             out.append(f"  finish reasons ({name}): {reasons}")

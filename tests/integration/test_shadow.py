@@ -71,7 +71,7 @@ def fresh(engines: Engines) -> Engines:
     return engines
 
 
-def _config(tmp: Path, e: Engines, shadow: str, extra: str = "", trt_url: str | None = None) -> Path:
+def _config(tmp: Path, e: Engines, shadow: str, extra: str = "", trt_url: str | None = None, rule: str = "") -> Path:
     return write_config(
         tmp / "shadow.yaml",
         f"""
@@ -85,7 +85,7 @@ backends:
       cost_per_hour: 4, pool: trt}}
 routing:
   rules:
-    - {{name: mirror, match: {{models: [{MODEL}]}}, require: [vllm], shadow: {shadow}}}
+    - {{name: mirror, match: {{models: [{MODEL}]}}, require: [vllm], shadow: {shadow}{rule}}}
 """,
     )
 
@@ -258,13 +258,16 @@ def test_the_report_agrees_with_what_the_engines_counted(
     extra = f'shadow: {{log_path: "{log}"}}\nadmin: {{api_key_env: EG_SHADOW_TEST_ADMIN}}'
     trt_tokens, trt_reasons = _trt_counts(fresh.trt_url)
     vllm_tokens = fresh.vllm_engine.generated_tokens
-    with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}", extra)) as (url, _app):
+    budget = ", default_latency_budget_ms: 60000"  # met by both; the last two ask the impossible of both
+    config = _config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}", extra, rule=budget)
+    with gateway(config) as (url, _app):
         client = _client(url)
         finishes: dict[str, int] = {}
         for i, max_tokens in enumerate((2, 64, 3, 64, 1, 64)):  # cut by length, and ended by the model (stop)
             answer = client.chat.completions.create(
                 model=MODEL, messages=HELLO, max_tokens=max_tokens, temperature=0, stream=i % 2 == 0,
                 stream_options={"include_usage": True} if i % 2 == 0 else None,
+                extra_headers={"x-ttft-budget-ms": "0.001"} if i >= 4 else None,
             )  # fmt: skip
             if i % 2:
                 reason = answer.choices[0].finish_reason  # type: ignore[union-attr]
@@ -289,6 +292,7 @@ def test_the_report_agrees_with_what_the_engines_counted(
     assert row["primary"]["completion_tokens"] == fresh.vllm_engine.generated_tokens - vllm_tokens
     assert row["primary"]["finish_reasons"] == finishes
     assert row["agreement"] == 1.0 and row["compared"] == 6
+    assert row["with_budget"] == 6 and row["primary"]["budgets_met"] == row["candidate"]["budgets_met"] == 0.6667
     out = io.StringIO()
     with redirect_stdout(out):
         assert cli_main(["shadow", "report", str(log), "--json"]) == 0
