@@ -1,9 +1,9 @@
 """Does shadow traffic slow the primary? The ASGI app driven in process (no sockets), a primary engine and
-a candidate that both pace their tokens (``--token-ms``, the candidate ``--candidate-ms``), the same
-requests with the rule's ``shadow`` off and at ``share: 1.0`` (every request mirrored), alternated
-so drift hits both alike.
+a candidate that both pace their tokens (``--token-ms``, the candidate ``--candidate-ms``) after a
+prefill (``--first-ms``, both), the same requests with the rule's ``shadow`` off and at ``share: 1.0``
+(every request mirrored), alternated so drift hits both alike.
 
-    python benchmarks/shadow.py [--requests 300] [--repeats 3] [--token-ms 1] [--candidate-ms 2]
+    python benchmarks/shadow.py [--requests 300] [--repeats 3] [--first-ms 20] [--token-ms 1] [--candidate-ms 2]
 
 Prints JSON: per mode and concurrency, the primary's p50 and p99 end-to-end (whole answers) and time to
 first token (streams) in ms, the medians over the repeats, and the gateway's CPU per client request in
@@ -47,13 +47,15 @@ routing:
 
 
 class Paced(Fast):
-    """``Fast``, with a pause before each token, as an engine decoding at ``token_s`` per token."""
+    """``Fast``, with a prefill of ``first_s`` and a pause before each token, as an engine decoding at
+    ``token_s`` per token."""
 
-    def __init__(self, name: str, model: str, token_s: float) -> None:
+    def __init__(self, name: str, model: str, first_s: float, token_s: float) -> None:
         super().__init__(name, model)
-        self.token_s = token_s
+        self.first_s, self.token_s = first_s, token_s
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        await asyncio.sleep(self.first_s)
         for _ in range(self.tokens):
             await asyncio.sleep(self.token_s)
             yield Chunk(text=" tok")
@@ -71,12 +73,12 @@ class _Stamped(list[bytes]):
         super().append(item)
 
 
-def _app(shadow: bool, token_s: float, candidate_s: float) -> Any:
+def _app(shadow: bool, first_s: float, token_s: float, candidate_s: float) -> Any:
     config = Path(tempfile.mkdtemp()) / "bench.yaml"
     rule = ", shadow: {to: candidate, share: 1.0, max_concurrency: 64}" if shadow else ""
     config.write_text(CONFIG.format(shadow=rule))
     pace = {"primary": token_s, "candidate": candidate_s}
-    return create_app(load_config(config), lambda cfg, loaded: Paced(cfg.name, cfg.model, pace[cfg.name]))
+    return create_app(load_config(config), lambda cfg, loaded: Paced(cfg.name, cfg.model, first_s, pace[cfg.name]))
 
 
 async def _one(app: Any, stream: bool) -> float:
@@ -107,7 +109,10 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    apps = {mode: _app(mode == "on", args.token_ms / 1000, args.candidate_ms / 1000) for mode in ("off", "on")}
+    apps = {
+        mode: _app(mode == "on", args.first_ms / 1000, args.token_ms / 1000, args.candidate_ms / 1000)
+        for mode in ("off", "on")
+    }
     for app in apps.values():
         await started(app)
         for _ in range(50):
@@ -137,6 +142,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--first-ms", type=float, default=20.0)
     parser.add_argument("--token-ms", type=float, default=1.0)
     parser.add_argument("--candidate-ms", type=float, default=2.0)
     asyncio.run(main(parser.parse_args()))

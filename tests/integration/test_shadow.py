@@ -226,6 +226,34 @@ def test_the_end_of_a_drains_grace_cancels_shadows_in_flight(fresh: Engines, tmp
         assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4).choices[0].message
 
 
+def test_a_shadow_to_another_model_asks_that_model(fresh: Engines, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "models.yaml",
+        f"""
+limits: {{health_interval_s: 0.5}}
+models:
+  - {{name: {MODEL}, params_b: 8, dtype: bf16, context: 8192}}
+  - {{name: demo-trt, params_b: 8, dtype: bf16, context: 8192}}
+backends:
+  - {{name: vllm, engine: vllm, url: "{fresh.vllm_url}", model: {MODEL}, gpu: H100}}
+  - {{name: trt-candidate, engine: trtllm_serve, url: "{fresh.trt_url}", model: demo-trt, gpu: H100}}
+routing:
+  rules:
+    - {{name: mirror, match: {{models: [{MODEL}]}}, shadow: {{to: demo-trt, share: 1.0}}}}
+""",
+    )
+    with gateway(config) as (url, app):
+        answer = _client(url).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0)
+        assert answer.model == MODEL and answer.choices[0].message.content
+        wait_until(lambda: len(app.state.shadows.ring) == 1)
+    [body] = fresh.trt_received
+    assert body["model"] == "demo-trt"
+    [pair] = app.state.shadows.ring
+    assert (pair["primary"]["model"], pair["shadow"]["model"], pair["shadow"]["backend"]) == (
+        MODEL, "demo-trt", "trt-candidate"
+    )  # fmt: skip
+
+
 def test_a_full_rule_drops_its_shadows_instead_of_queueing_them(fresh: Engines, tmp_path: Path) -> None:
     fresh.trt.token_delay_s = 60.0  # the first shadow holds the rule's one slot
     with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0, max_concurrency: 1}")) as (url, app):
