@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -115,3 +117,15 @@ def test_a_rules_slots_bound_its_shadows_and_plans_follow_the_config() -> None:
     for i in range(3):
         book.record({"i": i}, None)
     assert [d["i"] for d in book.ring] == [1, 2]
+
+
+def test_the_report_command_names_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    assert main(["shadow", "report", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl: No such file or directory" in capsys.readouterr().err
+    log = tmp_path / "pairs.jsonl"
+    log.write_bytes(b'{"torn": \n' + orjson.dumps(_pair({}, {})) + b"\n")  # a torn line is skipped
+    assert main(["shadow", "report", str(log), "--json"]) == 0
+    [row] = orjson.loads(capsys.readouterr().out)
+    assert row["pairs"] == 1
