@@ -70,7 +70,7 @@ class GatewayConfig(Frozen):
                 for target in getattr(r, key):
                     if target not in names:
                         errors.append(f"routing.rules[{i}].{key}: {target!r} is neither a backend nor a pool")
-        errors += shadow_problems(self.routing.rules, names | set(models))
+        errors += shadow_problems(self.routing.rules, names, models)
         for engine in self.engine_efficiency:
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")

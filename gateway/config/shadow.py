@@ -14,9 +14,10 @@ from gateway.strict import Frozen
 
 class RuleShadow(Frozen):
     to: Name
-    """The candidate: a backend, a pool, or a model. A mirrored request is routed among the backends
-    it names (a model: among the backends serving that model, which is then asked instead) by the same
-    ``choose()`` as any request; its answer is read to its end and dropped."""
+    """The candidate: a backend, a pool, or a model (a name that is both is refused). A mirrored request
+    is routed among the backends it names (a model: among the backends serving that model, which is
+    then asked instead) by the same ``choose()`` as any request; its answer is read to its end and
+    dropped."""
     share: float = Field(gt=0, le=1)
     """The share of the rule's requests mirrored, drawn per request (1: every request)."""
     max_concurrency: int = Field(default=8, ge=1, le=10_000)
@@ -44,11 +45,17 @@ class _Rule(Protocol):
     def shadow(self) -> RuleShadow | None: ...
 
 
-def shadow_problems(rules: Sequence[_Rule], targets: Iterable[str]) -> list[str]:
-    """Rules whose ``shadow.to`` names no backend, pool or model (``targets``)."""
-    known = set(targets)
-    return [
-        f"routing.rules[{i}].shadow.to: {r.shadow.to!r} is neither a backend, a pool nor a model"
-        for i, r in enumerate(rules)
-        if r.shadow is not None and r.shadow.to not in known
-    ]
+def shadow_problems(rules: Sequence[_Rule], backends: Iterable[str], models: Iterable[str]) -> list[str]:
+    """Rules whose ``shadow.to`` names no backend, pool or model, or names a model and a backend or pool
+    alike (``backends``: the backends' and pools' names)."""
+    targets, names = set(backends), set(models)
+    problems = []
+    for i, r in enumerate(rules):
+        to = r.shadow.to if r.shadow is not None else None
+        if to is None:
+            continue
+        if to not in targets | names:
+            problems.append(f"routing.rules[{i}].shadow.to: {to!r} is neither a backend, a pool nor a model")
+        elif to in targets and to in names:
+            problems.append(f"routing.rules[{i}].shadow.to: {to!r} names a model and a backend or pool; rename one")
+    return problems

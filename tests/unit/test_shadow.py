@@ -40,6 +40,9 @@ def test_a_shadow_names_a_backend_a_pool_or_a_model() -> None:
         assert shadow is not None and shadow.to == to and shadow.max_concurrency == 8
     [problem] = problems("{to: nowhere, share: 0.1}")
     assert problem.startswith("f.yaml:") and "routing.rules[0].shadow.to: 'nowhere' is neither" in problem
+    with pytest.raises(ConfigError) as info:  # a model and a pool of one name: which one is meant?
+        parse_config(BASE.replace("SHADOW", "{to: m2, share: 0.1}").replace("pool: trt", "pool: m2"), "f.yaml")
+    assert "'m2' names a model and a backend or pool" in info.value.problems[0]
 
 
 @pytest.mark.parametrize(
