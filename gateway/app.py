@@ -176,6 +176,7 @@ class Gateway:
         error (an SSE error event and ``[DONE]`` once streaming) and its engine work is stopped."""
         for task in self.live:
             task.cancel()
+        self.state.shadows.cancel()  # mirrored requests are nobody's answer: they go at once
         return len(self.live)
 
 
@@ -281,6 +282,7 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
         finally:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(signal.SIGHUP)
+            await state.shadows.aclose()  # before the engines' connections close under them
             await state.fleet.aclose()
             if state.tenancy is not None:
                 await state.tenancy.aclose()  # the last usage written

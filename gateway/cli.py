@@ -1,4 +1,4 @@
-"""The ``enginegate`` command: ``serve``, ``epp``, ``config``, ``route explain``, ``simulate`` and ``keys``."""
+"""The ``enginegate`` command: serve, epp, config, route explain, simulate, keys and shadow report."""
 
 from __future__ import annotations
 
@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.tenancy import commands as keys_commands
 
     keys_commands.add_parser(sub, default_config())
+    from gateway.telemetry import shadow_report
+
+    shadow_report.add_parser(sub)
     for each in parsers(parser):
         each.formatter_class = _WithDefaults
     return parser

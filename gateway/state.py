@@ -32,6 +32,7 @@ from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.arms import Splits
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
+from gateway.telemetry.shadows import Shadows
 from gateway.tenancy import gate as tenancy
 from gateway.whatif.diff import diff
 from gateway.whatif.records import RECENT_REQUESTS, Replayed
@@ -104,6 +105,8 @@ class AppState:
                 cfg.redis.url, self.fleet.accounts.learn, timeout_s=cfg.redis.timeout_s, count=self.metrics.prefix_share
             )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
+        self.shadows = Shadows(self.metrics.registry, cfg.shadow.ring)
+        """Shadow traffic's requests in flight and its comparisons (gateway/pipeline/shadow.py)."""
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
         self.cache = response_cache.build(cfg, self.metrics.registry)
         """The response cache (gateway/cache); None unless ``cache.enabled``."""

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gateway.config.models import Name
+from gateway.config.shadow import RuleShadow
 from gateway.config.splits import Arms, GuardConfig, StickyConfig, check_split
 from gateway.strict import Frozen
 from routing.features import RULE_HEADERS
@@ -69,6 +70,10 @@ class RuleConfig(Frozen):
     """Time-to-first-token budget in ms for requests under this rule that send none; default: none."""
     default_latency_budget_ms: float | None = Field(default=None, gt=0)
     """Whole-answer budget in ms for requests under this rule that send none; default: none."""
+    # Shadow traffic (docs/traffic.md#shadow-traffic).
+    shadow: RuleShadow | None = None
+    """Mirror a share of this rule's requests to a candidate backend, pool or model: the client is
+    answered by the primary only; the pair's times, tokens, finish reasons and agreement are recorded."""
 
     # Weighted splits and canaries (docs/traffic.md).
     split: Arms = []

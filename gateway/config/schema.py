@@ -12,6 +12,7 @@ from gateway.config.engines import ENGINES, BackendConfig, CTranslate2Config, Ll
 from gateway.config.models import EfficiencyConfig, GpuConfig, ModelConfig
 from gateway.config.rules import RoutingConfig
 from gateway.config.server import AdminConfig, LimitsConfig, MetricsConfig, ServerConfig
+from gateway.config.shadow import ShadowConfig, shadow_problems
 from gateway.config.splits import split_problems
 from gateway.strict import Frozen
 from gateway.tenancy.settings import AuthConfig, RedisConfig
@@ -34,6 +35,8 @@ class GatewayConfig(Frozen):
     """The Redis that replicas share limits, budgets and prefix blocks through."""
     cache: CacheConfig = CacheConfig()
     """The response cache: repeated deterministic requests answered without an engine (off by default)."""
+    shadow: ShadowConfig = ShadowConfig()
+    """Where shadow traffic's comparisons go (rules' ``shadow:`` mirror requests to a candidate)."""
     gpus: list[GpuConfig] = []
     """GPUs beyond the built-in catalog (A10G, L4, A100-40GB, A100-80GB, H100, H200), or replacing an entry."""
     engine_efficiency: dict[str, EfficiencyConfig] = {}
@@ -74,6 +77,7 @@ class GatewayConfig(Frozen):
                         errors.append(f"routing.rules[{i}].{key}: {target!r} is neither a backend nor a pool")
         splits = [(r.name, r.match.models, r.split) for r in self.routing.rules]
         errors += split_problems(splits, self.models, self.backends)
+        errors += shadow_problems(self.routing.rules, names, models)
         for engine in self.engine_efficiency:
             if engine not in ENGINES:
                 errors.append(f"engine_efficiency.{engine}: unknown engine (known: {', '.join(ENGINES)})")

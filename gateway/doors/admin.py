@@ -13,6 +13,7 @@ refusal is logged with it. With
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -35,6 +36,7 @@ from gateway.http.supervisor import SUPERVISOR_ENV
 from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from gateway.strict import Strict
+from gateway.telemetry.shadow_report import summarize
 from gateway.tenancy.guard import AdminGuard
 from routing import fallback
 from routing.explain import to_dict
@@ -235,6 +237,13 @@ class _Operations:
         """Each weighted split's arms: weights, counts since the config was loaded, and the guard's state."""
         return _json(self.state.splits.describe())
 
+    async def shadow(self, request: Request) -> Response:
+        """Shadow traffic's comparisons in memory, summed up as ``enginegate shadow report`` does."""
+        shadows = self.state.shadows
+        records = list(shadows.ring)
+        groups = await asyncio.to_thread(summarize, records)  # thousands of records: off the event loop
+        return _json({"pairs": len(records), "in_flight": len(shadows.tasks), "groups": groups})
+
 
 def routes(state: AppState) -> list[Route]:
     """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
@@ -246,4 +255,5 @@ def routes(state: AppState) -> list[Route]:
         Route("/admin/route/explain", ops.explain, methods=["POST"]),
         Route("/admin/fleet", ops.fleet, methods=["GET"]),
         Route("/admin/splits", ops.splits, methods=["GET"]),
+        Route("/admin/shadow", ops.shadow, methods=["GET"]),
     ]

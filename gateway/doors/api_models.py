@@ -321,6 +321,15 @@ class SplitState(_Doc):
     arms: list[SplitArm]
 
 
+class ShadowSummary(_Doc):
+    pairs: int
+    """Comparisons in memory (``shadow.ring``)."""
+    in_flight: int
+    """Mirrored requests running now."""
+    groups: list[dict[str, Any]]
+    """Per (rule, primary, candidate): as ``enginegate shadow report --json``."""
+
+
 class Explanation(_Doc):
     """A routing decision: the reason, the rule, and the ranked candidates with their predictions."""
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from backends.base import BackendError, ErrorKind, Usage
 from gateway.fleet.entry import Entry
@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("enginegate.request")
 _NOTHING = Usage(0, 0)
+
+
+class Watcher(Protocol):
+    """Who else hears how the request went: its shadow pair (``gateway.pipeline.shadow``)."""
+
+    def committed(self, committed: Committed[Entry]) -> None: ...
+
+    def end(self, life: RequestLife, outcome: str, usage: Usage | None) -> None: ...
 
 
 class RequestLife:
@@ -61,6 +69,8 @@ class RequestLife:
         self.on_end: Callable[[Usage | None, bool], float] | None = None
         """Tenancy's settlement hook: called once with the usage and whether an answer started, when the
         request's end is recorded; returns the request's cost in dollars (logged)."""
+        self.shadow: Watcher | None = None
+        """The request's shadow pair, when its rule mirrored it."""
         self._ended = False
         self._named = state.config.server.backend_headers
         """Whether answers name their backend and rule (``server.backend_headers``)."""
@@ -166,6 +176,8 @@ class RequestLife:
             self.state.metrics.failover(self.model)
         if self._named:
             self.ex.header("x-enginegate-backend", entry.name)
+        if self.shadow is not None:
+            self.shadow.committed(committed)
 
     def fell_back(self, model: str, to: str, cause: str) -> None:
         """The request went on to ``to`` because ``model`` could not serve it (``cause``)."""
@@ -338,6 +350,8 @@ class RequestLife:
             replayed = Replayed(arrived, features, usage.completion_tokens if usage else None)
             if recent is not None:
                 recent.append(replayed)
+        if self.shadow is not None:
+            self.shadow.end(self, outcome, usage)
         decision = self.decision
         if self.arm_budgets is not None:
             self.state.splits.ended(self._arm_end(outcome, usage))

@@ -37,6 +37,7 @@ from gateway.pipeline.events import Events
 from gateway.pipeline.fields import check_extras, drop_unsupported
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.refusals import no_candidates
+from gateway.pipeline.shadow import mirror
 from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
 from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, Work
 from routing.features import InvalidHeader, features
@@ -158,6 +159,8 @@ async def _on_model(
     decision = _route(state, rt, feats, snapshot, work, life, headers)
     if tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
+    if decision.rule is not None and isinstance(work, Generation):  # a rule may mirror it: shadow traffic
+        mirror(state, rt, work, feats, decision, snapshot, life)
     return await _dispatch(state, rt, work, feats, decision, life)
 
 
