@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
@@ -30,6 +31,9 @@ from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
+
+if TYPE_CHECKING:
+    from gateway.telemetry.tracing import Tracing
 
 log = logging.getLogger("enginegate.config")
 
@@ -66,6 +70,15 @@ class Runtime:
         return cls(loaded, build_rules(loaded), names, prompt_counters(loaded, loaded.ggufs))
 
 
+def _tracing(config: GatewayConfig) -> Tracing | None:
+    """The app's tracer provider; with tracing off OpenTelemetry is never imported."""
+    if config.telemetry.otlp_endpoint is None:
+        return None
+    from gateway.telemetry.tracing import Tracing
+
+    return Tracing(config.telemetry)
+
+
 class AppState:
     def __init__(self, loaded: LoadedConfig, factory: BackendFactory) -> None:
         self.factory = factory
@@ -87,6 +100,8 @@ class AppState:
             )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
+        self.tracing = _tracing(cfg)
+        """OpenTelemetry traces (``telemetry.otlp_endpoint``); None without an endpoint."""
         self.started = int(time.time())
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""

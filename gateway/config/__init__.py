@@ -39,6 +39,7 @@ from gateway.config.rules import (
 )
 from gateway.config.schema import GatewayConfig
 from gateway.config.server import AdminConfig, LimitsConfig, MetricsConfig, ServerConfig
+from gateway.config.telemetry import TelemetryConfig
 
 __all__ = [
     "ENGINES",
@@ -68,6 +69,7 @@ __all__ = [
     "RoutingConfig",
     "RuleConfig",
     "ServerConfig",
+    "TelemetryConfig",
     "TgiConfig",
     "TgiMessagesConfig",
     "TlsConfig",

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from gateway.http.exchange import Exchange
     from gateway.state import AppState
+    from gateway.telemetry.tracing import RequestTrace
 
 log = logging.getLogger("enginegate.request")
 
@@ -64,6 +65,8 @@ class RequestLife:
         self._firsts: dict[str, float] = {}
         """When each attempt's first token came, by backend."""
         self.features: RequestFeatures | None = None
+        self.trace: RequestTrace | None = None
+        """The request's spans (``telemetry.otlp_endpoint``); None with tracing off."""
         self._sent: dict[str, tuple[int, list[float]]] = {}
         """Per backend tried: the prompt tokens it had to prefill (those not expected in its cache)
         and the ages of the blocks expected there, to judge its report of what it reused."""
@@ -80,6 +83,8 @@ class RequestLife:
     def sending(self, target: Entry, prompt_tokens: int) -> None:
         self.attempts += 1
         self._tried = target.name
+        if self.trace is not None:
+            self.trace.sending(target.name, target.config, target.config.engine)
         f = self.features
         if f is not None and f.prefix_blocks:
             # Only the prompt tokens not expected in the engine's cache wait to be prefilled there.
@@ -102,12 +107,16 @@ class RequestLife:
     def first_token(self, target: Entry, prompt_tokens: int) -> None:
         # When each attempt's first token came: a whole answer commits at its end, but its time to
         # first token (what the estimator learns and the histogram shows) is this moment.
-        self._firsts[target.name] = time.perf_counter()
+        self._firsts[target.name] = now = time.perf_counter()
+        if self.trace is not None:
+            self.trace.first_token(target.name, now - self.started)
         self.state.fleet.accounts.first_token(target, self._fresh(target, prompt_tokens))
 
     def failed(self, target: Entry, error: BackendError) -> None:
         self.failures.append((target.name, error))
         self.state.metrics.attempt(target.name, error.kind.value)
+        if self.trace is not None:
+            self.trace.failed(target.name, error.kind.value, error.detail)
         # A timeout on an engine that is queueing is its queue, not a fault: its breaker stays shut.
         queueing = error.kind is ErrorKind.TIMEOUT and self.state.fleet.queue_wait_s(target) is not None
         if error.engine_fault and not queueing:
@@ -124,13 +133,20 @@ class RequestLife:
 
     def end(self, target: Entry, prompt_tokens: int = 0) -> None:
         self.state.fleet.accounts.end(target, self._fresh(target, prompt_tokens))
+        if self.trace is not None:
+            self.trace.ended(target.name)
 
     def queued(self, target: Entry) -> float | None:
         return self.state.fleet.queue_wait_s(target)
 
     # How the request goes on and ends.
-    def routed(self, model: str, decision: Decision, stream: bool, features: RequestFeatures | None = None) -> None:
+    def routed(
+        self, model: str, decision: Decision, stream: bool, features: RequestFeatures | None = None, began: float = 0.0
+    ) -> None:
+        """``choose()`` decided (it began at ``began``, ``perf_counter``)."""
         self.model, self.decision, self.stream, self.features = model, decision, stream, features
+        if self.trace is not None:
+            self.trace.routed(decision, features, began or time.perf_counter())
         self.ex.header("x-enginegate-route", decision.reason.value)
         if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
@@ -141,6 +157,10 @@ class RequestLife:
         self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started
         self.state.metrics.attempt(entry.name, "ok")
+        if self.trace is not None:  # a stream's rest passes through the trace, which counts its chunks
+            committed.rest = self.trace.committed(
+                entry.name, entry.config, committed.first, committed.rest, self.stream
+            )
         if self.failures:
             self.state.metrics.failover(self.model)
         if self._named:
@@ -253,6 +273,9 @@ class RequestLife:
         backend = self.backend
         cost = self.on_end(usage, self.entry is not None) if self.on_end is not None else None
         self.state.metrics.request(self.route, self.model, backend, outcome, status)
+        if self.trace is not None:
+            ttft_ms = round(self.ttft_s * 1000, 3) if self.entry is not None else None
+            self.trace.finished(self.model, outcome, status, usage, error.kind.value if error else None, code, ttft_ms)
         if not log.isEnabledFor(logging.INFO):
             return
         decision = self.decision

@@ -33,7 +33,7 @@ from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.refusals import no_candidates
-from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
+from gateway.pipeline.shaping import Recount, check_extras, open_answer, open_sized, prompt_bound, resized
 from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, UsageTotal, Work
 from routing.features import InvalidHeader, features
 from routing.policy import choose, priority_factor
@@ -41,6 +41,7 @@ from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
+    from gateway.telemetry.tracing import RequestTrace
     from gateway.tenancy.gate import Tenancy
     from gateway.tenancy.keys import KeyRecord
 
@@ -48,13 +49,15 @@ log = logging.getLogger("enginegate.request")
 
 
 async def serve(
-    ex: Exchange, headers: Mapping[str, str], state: AppState, door: Door, received: float | None = None
+    ex: Exchange, headers: Mapping[str, str], state: AppState, door: Door, received: float | None = None, path: str = ""
 ) -> None:
     """Answer one request of ``door`` on ``ex``; errors before the answer starts raise ``ApiError``.
-    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known.
-    The request's ``RequestLife`` records how it ended, whichever way that is."""
+    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known; ``path``:
+    its route. The request's ``RequestLife`` records how it ended, whichever way that is."""
     started = received if received is not None else time.perf_counter()
     life = RequestLife(state, door.route, ex, started)
+    if state.tracing is not None:  # its spans; an incoming traceparent makes them its caller's children
+        life.trace = state.tracing.request(headers, ex.request_id, door.route, path, started)
     await life.run(_serve(ex, headers, state, door, life))
 
 
@@ -63,6 +66,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
     tenancy = state.tenancy  # None without API keys: nothing below costs anything then
     key = await tenancy.authenticate(headers.get("authorization")) if tenancy is not None else None
     work = door.understood(await _json(ex, headers, rt.config.limits), rt, ex.request_id)
+    work.trace = life.trace
     if work.model not in rt.model_names:
         raise model_not_found(work.model)
     life.model = work.model
@@ -125,9 +129,10 @@ def _route(
     state: AppState, rt: Runtime, feats: RequestFeatures, snapshot: FleetSnapshot, work: Work, life: RequestLife
 ) -> Decision:
     """``choose()``, counted and told (``x-enginegate-route``); a refusal when no backend takes it."""
+    began = time.perf_counter() if life.trace is not None else 0.0
     decision = choose(feats, snapshot, rt.rules)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(work.model, decision, work.events is not None, feats)
+    life.routed(work.model, decision, work.events is not None, feats, began)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         # The client is told why without backend names; the log has each backend's reason.
         log.info(
@@ -210,6 +215,7 @@ class Generation:
         self.prompt_tokens = 0
         self.recount: Recount | None = None
         self.bound = 0
+        self.trace: RequestTrace | None = None
 
     async def features(
         self, ex: Exchange, rt: Runtime, snapshot: FleetSnapshot, headers: Mapping[str, str]
@@ -220,7 +226,9 @@ class Generation:
         if (wanted or extras) and rt.config.routing.drop_unsupported:
             gen, wanted, extras = _drop_unsupported(ex, gen, wanted, extras, snapshot)
         self.gen, self.wanted, self.extras = gen, wanted, extras
-        _check_extras(gen)
+        check_extras(gen)
+        if self.trace is not None:
+            self.trace.asked(gen)
         exact, token_ids = await rt.measure(gen, snapshot)
         feats = features(
             gen.model,
@@ -258,6 +266,8 @@ class Generation:
 
     def open_at(self, target: Entry) -> AsyncIterator[Chunk]:
         request = self.gen
+        if self.trace is not None:  # the attempt's span context goes to the engine
+            request = replace(request, headers=self.trace.outgoing(target.name))
         if request.max_tokens is not None:  # the client's: the engine's word on it is the client's answer
             return open_answer(target.backend, target.capabilities, request, self.recount)
         context = target.context(self.model_context)
@@ -270,7 +280,8 @@ class Generation:
             return None
         learned = partial(note_context, target, published=False, model_context=self.model_context)
         context = target.context(self.model_context)
-        request = resized(self.gen, self.cap, context, self.bound, error, learned)
+        gen = self.gen if self.trace is None else replace(self.gen, headers=self.trace.outgoing(target.name))
+        request = resized(gen, self.cap, context, self.bound, error, learned)
         return None if request is None else open_answer(target.backend, target.capabilities, request, self.recount)
 
     def at_once(self, target: Entry) -> bool:
@@ -279,25 +290,6 @@ class Generation:
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         return self._surface.answer(self._asked, self._request_id).whole(chunks)
-
-
-def _check_extras(gen: GenerationRequest) -> None:
-    """Engine extras that ask for more than the answer's length allows are refused here, on every
-    engine alike: ``min_tokens`` above the client's ``max_tokens``. (Without ``max_tokens`` the gateway
-    sizes the answer to the backend's context, which bounds ``ignore_eos`` too, and ``min_tokens`` is
-    checked against that length: ``shaping.open_sized``.)"""
-    min_tokens = gen.extra.get("min_tokens")
-    if min_tokens is None:
-        return
-    if type(min_tokens) is not int or min_tokens < 0:
-        raise ApiError(400, "'min_tokens' must be a non-negative integer.", param="min_tokens", code="invalid_value")
-    if gen.max_tokens is not None and min_tokens > gen.max_tokens:
-        raise ApiError(
-            400,
-            f"'min_tokens' ({min_tokens}) must be less than or equal to 'max_tokens' ({gen.max_tokens}).",
-            param="min_tokens",
-            code="invalid_value",
-        )
 
 
 def _drop_unsupported(

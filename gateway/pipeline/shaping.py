@@ -42,6 +42,7 @@ from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationReq
 from backends.capabilities import Capabilities
 from backends.http_errors import context_figures
 from backends.text import INLINE_PROMPT_CHARS
+from gateway.http.errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,3 +270,22 @@ async def _counted(
 async def _count(count: Callable[[str], int], text: str) -> int:
     """``count(text)`` inline for a short answer, in a thread for a long one (off the event loop)."""
     return count(text) if len(text) <= INLINE_PROMPT_CHARS else await asyncio.to_thread(count, text)
+
+
+def check_extras(gen: GenerationRequest) -> None:
+    """Engine extras that ask for more than the answer's length allows are refused here, on every
+    engine alike: ``min_tokens`` above the client's ``max_tokens``. (Without ``max_tokens`` the gateway
+    sizes the answer to the backend's context, which bounds ``ignore_eos`` too, and ``min_tokens`` is
+    checked against that length: ``open_sized``.)"""
+    min_tokens = gen.extra.get("min_tokens")
+    if min_tokens is None:
+        return
+    if type(min_tokens) is not int or min_tokens < 0:
+        raise ApiError(400, "'min_tokens' must be a non-negative integer.", param="min_tokens", code="invalid_value")
+    if gen.max_tokens is not None and min_tokens > gen.max_tokens:
+        raise ApiError(
+            400,
+            f"'min_tokens' ({min_tokens}) must be less than or equal to 'max_tokens' ({gen.max_tokens}).",
+            param="min_tokens",
+            code="invalid_value",
+        )
