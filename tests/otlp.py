@@ -54,7 +54,7 @@ def _value(value: AnyValue) -> Any:
 class Receiver:
     """Every span received, in arrival order; ``url`` is the endpoint to configure."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.spans: list[Span] = []
         self.posts = 0
         self._lock = threading.Lock()
@@ -81,7 +81,7 @@ class Receiver:
             def log_message(self, fmt: str, *args: Any) -> None:  # quiet: no line per export
                 return None
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def add(self, request: ExportTraceServiceRequest) -> None:
@@ -148,3 +148,23 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             thread.join(timeout=10)
+
+
+def main() -> None:
+    """``python -m tests.otlp [PORT]``: a receiver that counts what it gets (benchmarks/inprocess.py
+    --otlp sends there) and says so every few seconds."""
+    import sys
+    import time
+
+    receiver = Receiver(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    with receiver.running():
+        print(receiver.url, flush=True)
+        while True:
+            time.sleep(5)
+            with receiver._lock:
+                count, receiver.spans = len(receiver.spans), []
+            print(f"{count} spans in {receiver.posts} exports so far", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -129,6 +129,8 @@ class RequestTrace:
     def asked(self, request: GenerationRequest) -> None:
         """What the client asked for; its text only with ``capture_content``."""
         span = self.span
+        if not self.recording:
+            return
         if request.max_tokens is not None:
             span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
         span.set_attribute("gen_ai.request.temperature", request.temperature)
@@ -143,14 +145,17 @@ class RequestTrace:
 
     def routed(self, decision: Decision, features: RequestFeatures | None, began: float) -> None:
         """The routing decision, as a child span from ``began`` (``perf_counter``) to now."""
+        if not self.recording:  # sampled out: no child spans either (the engine still gets the context)
+            return
         self.span.set_attribute("enginegate.stream", bool(features is not None and features.stream))
         span = self._tracing.tracer.start_span("route", self._context, start_time=_wall_ns(began))
-        if self.recording:
-            span.set_attributes(_decision_attributes(decision, features))
+        span.set_attributes(_decision_attributes(decision, features))
         span.end()
 
     def sending(self, backend: str, config: BackendConfig, engine: str) -> None:
         """An attempt on ``backend`` starts."""
+        if not self.recording:
+            return
         attributes: dict[str, str | int] = {"enginegate.backend": backend, "enginegate.engine": engine}
         address = self._tracing.address(config)
         if address is not None:
@@ -193,6 +198,8 @@ class RequestTrace:
     ) -> AsyncIterator[Chunk]:
         """The attempt on ``backend`` answered: the request is its. A whole answer is in ``first``; a
         stream goes on in the ``stream`` span, and its ``rest`` is to be read from what this returns."""
+        if not self.recording:
+            return rest
         address = self._tracing.address(config)
         span = self.span
         span.set_attribute("enginegate.backend", backend)
@@ -237,9 +244,12 @@ class RequestTrace:
     ) -> None:
         """The request ended (answered, refused, failed or the client left): every span ends. ``model``:
         the model asked for ("none" when the body never named one); ``ttft_ms`` None: no answer began."""
+        span = self.span
+        if not self.recording:
+            span.end()
+            return
         for backend in list(self._attempts):
             self.ended(backend)
-        span = self.span
         attributes: dict[str, Any] = {"enginegate.outcome": outcome}
         if model != "none":
             span.update_name(f"{self.operation} {model}")
