@@ -6,7 +6,7 @@ errors as span status, and no prompt or answer text in any span."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +16,14 @@ import openai
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from backends.base import Chunk, GenerationRequest
+from gateway.app import create_app
+from gateway.config import load_config
 from tests.conftest import GatewayProcess, write_config
 from tests.contract import fake_tgi, fake_vllm
 from tests.contract.control import FakeControl
 from tests.contract.tiny_engine import TinyEngine
-from tests.fakes import serve_in_thread
+from tests.fakes import CONNECT_ERROR, ScriptedBackend, factory, serve_in_thread
 from tests.otlp import CLIENT, SERVER, STATUS_ERROR, Receiver, Span
 
 SECRET = "cobalt-heron-5821"
@@ -217,3 +220,55 @@ def test_content_is_captured_only_when_asked(tmp_path: Path, cache_dir: Path, tr
     assert SECRET in span.attributes["gen_ai.input.messages"]
     assert answer in span.attributes["gen_ai.output.messages"]
     assert _spans_hold([span], SECRET)
+
+
+def _in_process(tmp_path: Path, receiver: Receiver, telemetry: str, backends: dict[str, ScriptedBackend]) -> Any:
+    """A gateway app in this process over scripted backends (named in ``backends``, the first preferred)."""
+    names = list(backends)
+    rows = "\n".join(
+        f"  - {{name: {n}, model: m, engine: vllm, gpu: H100, url: 'http://10.0.0.{i + 1}:8000'}}"
+        for i, n in enumerate(names)
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        f"telemetry: {{otlp_endpoint: '{receiver.url}', export_delay_s: 0.05, {telemetry}}}\n"
+        f"routing: {{rules: [{{name: first, prefer: [{names[0]}]}}]}}\n"
+        f"models: [{{name: m, params_b: 8}}]\nbackends:\n{rows}\n",
+    )
+    return create_app(load_config(config), factory(dict(backends)))
+
+
+def test_a_failed_attempt_is_an_error_span_beside_the_one_that_answered(tmp_path: Path, traced: Traced) -> None:
+    down = ScriptedBackend("down", "m", fail_with=CONNECT_ERROR)
+    app = _in_process(tmp_path, traced.receiver, "sampling_ratio: 1", {"down": down, "up": ScriptedBackend("up", "m")})
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    assert raw.headers["x-enginegate-backend"] == "up" and down.calls == 1
+    span = traced.receiver.server_span(raw.headers["x-request-id"])
+    assert span.attributes["enginegate.backend"] == "up" and span.attributes["server.address"] == "10.0.0.2"
+    kids = {s.name: s for s in traced.receiver.children(span, 3)}
+    failed, answered = kids["attempt down"], kids["attempt up"]
+    assert failed.status == STATUS_ERROR and failed.attributes["error.type"] == "connect"
+    assert failed.attributes["server.address"] == "10.0.0.1" and "first_token" not in failed.events
+    assert answered.status != STATUS_ERROR and answered.attributes["enginegate.outcome"] == "ok"
+    assert kids["route"].attributes["enginegate.route.candidates"][:2] == ["down", "up"]
+
+
+def test_a_request_not_sampled_makes_no_span_but_passes_its_context_on(tmp_path: Path, traced: Traced) -> None:
+    seen: list[str] = []
+
+    class Seeing(ScriptedBackend):
+        def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+            seen.append(request.headers.get("traceparent", ""))
+            return super().generate(request)
+
+    app = _in_process(tmp_path, traced.receiver, "sampling_ratio: 0", {"only": Seeing("only", "m")})
+    with serve_in_thread(app) as url:  # leaving it shuts the app down: what was batched is sent
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    rid = raw.headers["x-request-id"]
+    assert len(seen) == 1
+    version, _, _, flags = seen[0].split("-")
+    assert version == "00" and int(flags, 16) & 1 == 0  # passed on, its sampled flag off
+    assert not [s for s in traced.receiver.spans if s.attributes.get("enginegate.request_id") == rid]
