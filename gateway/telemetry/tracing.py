@@ -211,18 +211,7 @@ class RequestTrace:
         if not stream:
             return rest
         self._stream = self._tracing.tracer.start_span("stream", self._context, start_time=time.time_ns())
-        return self._counted(rest)
-
-    async def _counted(self, rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-        """A stream's chunks as they pass; closing this closes the engine's stream (which stops its work)."""
-        try:
-            async for chunk in rest:
-                self.chunk(chunk)
-                yield chunk
-        finally:
-            aclose = getattr(rest, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        return _Counted(rest, self)
 
     def chunk(self, chunk: Chunk) -> None:
         """One chunk of the answer (every chunk of a stream, as it passes)."""
@@ -280,6 +269,29 @@ class RequestTrace:
             span.set_status(Status(StatusCode.ERROR, why))
         span.set_attributes(attributes)
         span.end()
+
+
+class _Counted:
+    """A stream's rest as the client reads it, each chunk counted on the way. Closing it closes the
+    engine's stream (which stops its work) even when it was never read: a generator would not."""
+
+    __slots__ = ("_rest", "_trace")
+
+    def __init__(self, rest: AsyncIterator[Chunk], trace: RequestTrace) -> None:
+        self._rest, self._trace = rest, trace
+
+    def __aiter__(self) -> _Counted:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        chunk = await anext(self._rest)
+        self._trace.chunk(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._rest, "aclose", None)  # as dispatch closes streams: an iterator may have none
+        if aclose is not None:
+            await aclose()
 
 
 def _decision_attributes(decision: Decision, features: RequestFeatures | None) -> dict[str, Any]:
