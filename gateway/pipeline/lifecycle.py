@@ -84,7 +84,7 @@ class RequestLife:
         self.attempts += 1
         self._tried = target.name
         if self.trace is not None:
-            self.trace.sending(target.name, target.config, target.config.engine)
+            self.trace.sending(target.name, target.config)
         f = self.features
         if f is not None and f.prefix_blocks:
             # Only the prompt tokens not expected in the engine's cache wait to be prefilled there.

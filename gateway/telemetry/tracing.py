@@ -128,20 +128,22 @@ class RequestTrace:
 
     def asked(self, request: GenerationRequest) -> None:
         """What the client asked for; its text only with ``capture_content``."""
-        span = self.span
         if not self.recording:
             return
+        attributes: dict[str, Any] = {
+            "gen_ai.request.temperature": request.temperature,
+            "gen_ai.request.top_p": request.top_p,
+        }
         if request.max_tokens is not None:
-            span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
-        span.set_attribute("gen_ai.request.temperature", request.temperature)
-        span.set_attribute("gen_ai.request.top_p", request.top_p)
+            attributes["gen_ai.request.max_tokens"] = request.max_tokens
         if request.n != 1:
-            span.set_attribute("gen_ai.request.choice.count", request.n)
+            attributes["gen_ai.request.choice.count"] = request.n
         if self.texts is not None:
             asked: Any = request.messages
             if asked is None:
                 asked = [{"role": "user", "content": request.prompt}]
-            span.set_attribute("gen_ai.input.messages", orjson.dumps(asked).decode())
+            attributes["gen_ai.input.messages"] = orjson.dumps(asked).decode()
+        self.span.set_attributes(attributes)  # at once: the SDK takes a lock and checks values per call
 
     def routed(self, decision: Decision, features: RequestFeatures | None, began: float) -> None:
         """The routing decision, as a child span from ``began`` (``perf_counter``) to now."""
@@ -152,11 +154,11 @@ class RequestTrace:
         span.set_attributes(_decision_attributes(decision, features))
         span.end()
 
-    def sending(self, backend: str, config: BackendConfig, engine: str) -> None:
+    def sending(self, backend: str, config: BackendConfig) -> None:
         """An attempt on ``backend`` starts."""
         if not self.recording:
             return
-        attributes: dict[str, str | int] = {"enginegate.backend": backend, "enginegate.engine": engine}
+        attributes: dict[str, str | int] = {"enginegate.backend": backend, "enginegate.engine": config.engine}
         address = self._tracing.address(config)
         if address is not None:
             attributes["server.address"], attributes["server.port"] = address
