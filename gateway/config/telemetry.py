@@ -3,15 +3,15 @@ OTLP endpoint is named."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gateway.strict import Frozen
 
 
 class TelemetryConfig(Frozen):
-    otlp_endpoint: Annotated[str, Field(pattern=r"^https?://[^\s/]+")] | None = None
+    otlp_endpoint: str | None = None
     """Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (``http://collector:4318``): spans
     go to its ``/v1/traces`` as protobuf. Default none: no tracing, and nothing of OpenTelemetry's
     SDK is loaded. Needs ``pip install 'enginegate[otel]'``; the exporter's own environment variables
@@ -27,3 +27,10 @@ class TelemetryConfig(Frozen):
     export_delay_s: float = Field(default=5.0, gt=0, le=60)
     """Most time a finished span waits in the batch before it is sent (the exporter works on its own
     thread, off the event loop; what is left is sent at shutdown)."""
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL (for example http://collector:4318)")
+        return value
