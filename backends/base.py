@@ -9,7 +9,7 @@ and dispatch decides from ``retryable`` whether another backend may try.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -77,6 +77,9 @@ class GenerationRequest:
     """The client reads the answer as it is generated: an engine that can either answer whole or stream
     (Triton's ensemble) streams it then."""
     clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """More HTTP headers for this attempt's request to an engine reached over HTTP: the gateway's trace
+    context (``traceparent``), which vLLM and TGI continue. Engines in process ignore them."""
 
     @property
     def greedy(self) -> bool:

@@ -7,7 +7,7 @@ is never asked for text, and one of ``kind: generate`` never for vectors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -22,6 +22,8 @@ class EmbedRequest:
     inputs: tuple[str, ...] | tuple[tuple[int, ...], ...]
     """Texts, or token id arrays (the model's own ids)."""
     clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """More HTTP headers for this attempt's request (``GenerationRequest.headers``: the trace context)."""
 
 
 @dataclass(frozen=True, slots=True)

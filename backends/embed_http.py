@@ -45,7 +45,7 @@ class OpenAIEmbeddings(HttpBackend):
     async def embed(self, request: EmbedRequest) -> EmbedResult:
         inputs: list[Any] = [x if isinstance(x, str) else list(x) for x in request.inputs]
         payload = {"model": self.settings.served_model, "input": inputs, "encoding_format": "float"}
-        carrier = GenerationRequest(request.request_id, request.model, clock=request.clock)
+        carrier = GenerationRequest(request.request_id, request.model, clock=request.clock, headers=request.headers)
         async with self.open_stream(carrier, self.embeddings_path, payload) as response:
             body = await self._read(response, request.clock)
         return parse_embeddings(self.name, body, len(inputs))

@@ -15,7 +15,7 @@ import abc
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,6 +44,17 @@ from backends.text import ChatRenderer, sized_work
 READ_BUFFER = 256 * 1024
 # Largest response head (or chunked trailers) accepted from an engine.
 HEAD_LIMIT = 64 * 1024
+
+
+def header_lines(headers: Mapping[str, str]) -> bytes:
+    """The request's extra headers as header lines; one that could break its line (not printable ASCII,
+    or a name with a colon or space) is left out rather than sent mangled."""
+    lines = b""
+    for name, value in headers.items():
+        fits = name.isascii() and name.isprintable() and value.isascii() and value.isprintable()
+        if fits and name and ":" not in name and " " not in name:
+            lines += b"%s: %s\r\n" % (name.encode(), value.encode())
+    return lines
 
 
 @dataclass(frozen=True)
@@ -209,6 +220,8 @@ class HttpBackend(abc.ABC):
         headers = b"x-request-id: %s\r\n" % rid.encode() if rid.isascii() and rid.isprintable() else b""
         if self.closes_streams and payload.get("stream"):
             headers += CLOSE_HEADER
+        if request.headers:
+            headers += header_lines(request.headers)
         try:
             response = await self._client().request("POST", path, orjson.dumps(payload), headers)
         except BaseException as exc:

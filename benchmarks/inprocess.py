@@ -4,12 +4,15 @@ process wake-ups (``benchmarks/overhead.py`` measures all of it together).
 
     python benchmarks/inprocess.py                 # this tree
     PYTHONPATH=/path/to/other/tree python benchmarks/inprocess.py   # another checkout, same venv
+    python benchmarks/inprocess.py --otlp http://127.0.0.1:4318     # tracing on, spans sent there
+                                                   # (a collector, or ``python -m tests.otlp 4318``)
 
 Prints the best-of-five CPU microseconds per request (1,000 requests each) as JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -35,9 +38,10 @@ from gateway.config import load_config
 REPEATS, REQUESTS, WARMUP = 5, 1000, 300
 
 
-def _app() -> Any:
+def _app(otlp: str | None, sampling: float) -> Any:
     config = Path(tempfile.mkdtemp()) / "bench.yaml"
-    config.write_text(CONFIG)
+    telemetry = f"telemetry: {{otlp_endpoint: '{otlp}', sampling_ratio: {sampling}}}\n" if otlp else ""
+    config.write_text(CONFIG + telemetry)
     return create_app(load_config(config), lambda cfg, loaded: Fast(cfg.name, cfg.model))
 
 
@@ -50,23 +54,33 @@ async def _one(app: Any, stream: bool) -> None:
 
 
 async def main() -> None:
-    app = _app()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--otlp", metavar="URL", help="tracing on: telemetry.otlp_endpoint (default off)")
+    parser.add_argument("--sampling", type=float, default=1.0, help="telemetry.sampling_ratio with --otlp")
+    args = parser.parse_args()
+    app = _app(args.otlp, args.sampling)
     task = await started(app)
     for _ in range(WARMUP):
         await _one(app, False)
         await _one(app, True)
+    # With tracing on, each run's spans are sent before its clock stops (and the warm-up's before it
+    # starts): the exporter's thread is part of the cost. process_time counts every thread.
+    flush = app.state.tracing.provider.force_flush if args.otlp else lambda: True
     best: dict[str, float] = {}
     for stream in (False, True):
         runs = []
         for _ in range(REPEATS):
+            flush()
             t = time.process_time()
             for _ in range(REQUESTS):
                 await _one(app, stream)
+            flush()
             runs.append((time.process_time() - t) / REQUESTS * 1e6)
         best["stream_us" if stream else "whole_us"] = round(min(runs), 1)
     import gateway.app
 
-    print(json.dumps({"tree": str(Path(gateway.app.__file__).parents[1]), **best}))
+    tracing = {"otlp": args.otlp, "sampling": args.sampling} if args.otlp else {}
+    print(json.dumps({"tree": str(Path(gateway.app.__file__).parents[1]), **tracing, **best}))
     task.cancel()
     os._exit(0)  # the fleet's poller and the app's lifespan need no orderly end here
 

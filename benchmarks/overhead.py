@@ -3,6 +3,7 @@
     python benchmarks/overhead.py                      # enginegate in front of the fake engine
     python benchmarks/overhead.py --gateway-url http://127.0.0.1:4000 --model m   # any other gateway
                                                        # (point it at the fake engine, --engine-port)
+    python benchmarks/overhead.py --otlp http://127.0.0.1:4318   # enginegate tracing every request there
 
 Load comes from wrk (Debian package ``wrk``) with fixed-duration runs at each concurrency, streaming
 and not. Reports requests per second, p50/p99 latency and what the gateway adds, forwarded stream
@@ -113,12 +114,13 @@ def start_fake_engine(port: int, relay_port: int | None = None) -> list[subproce
     return procs
 
 
-def start_gateway(engine: str, model: str, port: int) -> subprocess.Popen[bytes]:
-    """enginegate in front of ``engine``, ready to serve."""
+def start_gateway(engine: str, model: str, port: int, otlp: str | None = None) -> subprocess.Popen[bytes]:
+    """enginegate in front of ``engine``, ready to serve; ``otlp``: tracing on, spans sent there."""
     config = Path(tempfile.mkdtemp()) / "bench.yaml"
     config.write_text(
         f"models: [{{name: {model}, params_b: 8}}]\n"
         f"backends: [{{name: fake, engine: vllm, url: '{engine}', model: {model}, gpu: H100}}]\n"
+        + (f"telemetry: {{otlp_endpoint: '{otlp}'}}\n" if otlp else "")
     )
     bin_dir = Path(sys.executable).parent
     gw = subprocess.Popen(
@@ -139,6 +141,7 @@ def main() -> None:
     parser.add_argument("--gateway-port", type=int, default=8302)
     parser.add_argument("--relay-port", type=int, default=8303)
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    parser.add_argument("--otlp", metavar="URL", help="the gateway traces every request to this OTLP/HTTP endpoint")
     parser.add_argument(
         "--soak", type=float, metavar="SECONDS", help="instead: a soak run this long (benchmarks/soak.py)"
     )
@@ -158,7 +161,7 @@ def main() -> None:
         if args.gateway_url:
             gateway = args.gateway_url.rstrip("/")
         else:
-            gw = start_gateway(engine, args.model, args.gateway_port)
+            gw = start_gateway(engine, args.model, args.gateway_port, args.otlp)
             procs.append(gw)
             gateway_pid = gw.pid
             gateway = f"http://127.0.0.1:{args.gateway_port}"
@@ -185,7 +188,8 @@ def main() -> None:
             p.terminate()
             p.wait(timeout=30)
     lines = [
-        f"Gateway: {gateway}; engine: fake, {TOKENS} tokens per answer; {args.duration:g} s per run; "
+        f"Gateway: {gateway}{' (tracing to ' + args.otlp + ')' if args.otlp else ''}; engine: fake, {TOKENS} "
+        f"tokens per answer; {args.duration:g} s per run; "
         f"wrk on the same machine ({os.cpu_count()} cores).",
         "",
         "| stream | clients | direct req/s | gateway req/s | direct p50 ms | gateway p50 ms | added p50 ms "

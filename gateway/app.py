@@ -150,7 +150,7 @@ class Gateway:
         if task is not None:
             self.live.add(task)
         try:
-            await serve(ex, headers, self.state, door, scope.get(RECEIVED))
+            await serve(ex, headers, self.state, door, scope.get(RECEIVED), scope["path"])
         except ApiError as exc:
             if not ex.started:
                 await ex.error(exc)
@@ -289,6 +289,8 @@ def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsync
             if state.cache is not None:
                 await state.cache.store.aclose()
             state.metrics.close()
+            if state.tracing is not None:  # the spans still batched go out before the process ends
+                await asyncio.to_thread(state.tracing.shutdown)
 
     return lifespan
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backends.base import GenerationRequest
 from backends.gguf_file import GgufError
@@ -39,6 +39,9 @@ from gateway.whatif.records import RECENT_REQUESTS, Replayed
 from routing.fallback import Step
 from routing.prefix import CHARS_PER_TOKEN
 from routing.types import FleetSnapshot, Rules
+
+if TYPE_CHECKING:
+    from gateway.telemetry.tracing import Tracing
 
 log = logging.getLogger("enginegate.config")
 
@@ -82,6 +85,15 @@ class Runtime:
         return cls(loaded, build_rules(loaded), names, counters, aliases_of(models), chains_of(models))
 
 
+def _tracing(config: GatewayConfig) -> Tracing | None:
+    """The app's tracer provider; with tracing off OpenTelemetry is never imported."""
+    if config.telemetry.otlp_endpoint is None:
+        return None
+    from gateway.telemetry.tracing import Tracing
+
+    return Tracing(config.telemetry)
+
+
 class AppState:
     def __init__(self, loaded: LoadedConfig, factory: BackendFactory) -> None:
         self.factory = factory
@@ -110,6 +122,8 @@ class AppState:
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
         self.cache = response_cache.build(cfg, self.metrics.registry)
         """The response cache (gateway/cache); None unless ``cache.enabled``."""
+        self.tracing = _tracing(cfg)
+        """OpenTelemetry traces (``telemetry.otlp_endpoint``); None without an endpoint."""
         self.started = int(time.time())
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""

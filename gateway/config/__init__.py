@@ -40,6 +40,7 @@ from gateway.config.rules import (
 )
 from gateway.config.schema import GatewayConfig
 from gateway.config.server import AdminConfig, LimitsConfig, MetricsConfig, ServerConfig
+from gateway.config.telemetry import TelemetryConfig
 
 __all__ = [
     "ENGINES",
@@ -71,6 +72,7 @@ __all__ = [
     "RoutingConfig",
     "RuleConfig",
     "ServerConfig",
+    "TelemetryConfig",
     "TgiConfig",
     "TgiMessagesConfig",
     "TlsConfig",

@@ -14,6 +14,7 @@ from gateway.config.rules import RoutingConfig
 from gateway.config.server import AdminConfig, LimitsConfig, MetricsConfig, ServerConfig
 from gateway.config.shadow import ShadowConfig, shadow_problems
 from gateway.config.splits import split_problems
+from gateway.config.telemetry import TelemetryConfig
 from gateway.strict import Frozen
 from gateway.tenancy.settings import AuthConfig, RedisConfig
 
@@ -29,6 +30,8 @@ class GatewayConfig(Frozen):
     """The ``/admin`` API: its key, its port, the lockout of wrong keys."""
     metrics: MetricsConfig = MetricsConfig()
     """Access to ``/metrics``."""
+    telemetry: TelemetryConfig = TelemetryConfig()
+    """OpenTelemetry traces of every request (off unless ``otlp_endpoint`` is set)."""
     auth: AuthConfig = AuthConfig()
     """API keys: whether they are required, where they live, their limits."""
     redis: RedisConfig = RedisConfig()
@@ -92,6 +95,11 @@ class GatewayConfig(Frozen):
                     "to match prompts against the engine's token blocks"
                 )
         errors += fallbacks.problems(self.models)
+        if self.telemetry.otlp_endpoint is not None and not _otel_installed():
+            errors.append(
+                "telemetry.otlp_endpoint: needs opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http "
+                "(pip install 'enginegate[otel]')"
+            )
         if self.routing.prefix.share and not self.redis.url:
             errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
         if self.cache.enabled and self.cache.store == "redis" and not self.redis.url:
@@ -103,3 +111,9 @@ class GatewayConfig(Frozen):
 
 def _kv_events_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("zmq", "msgspec"))
+
+
+def _otel_installed() -> bool:
+    # Asked only when an endpoint is set: finding a submodule imports its parent packages.
+    names = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+    return all(importlib.util.find_spec(name) is not None for name in names)

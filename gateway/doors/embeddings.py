@@ -16,7 +16,7 @@ import base64
 import random
 import struct
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gateway.fleet.entry import Entry
     from gateway.http.exchange import Exchange
     from gateway.state import Runtime
+    from gateway.telemetry.tracing import RequestTrace
     from routing.types import Decision, FleetSnapshot, RequestFeatures
 
 MAX_INPUTS = 2048
@@ -123,6 +124,7 @@ class Embedding:
     them, the answer is one document (never a stream)."""
 
     events: Answer | None = None  # never a stream
+    trace: RequestTrace | None = None
 
     def __init__(self, body: EmbeddingsBody, request_id: str, matryoshka: bool) -> None:
         self.body = body
@@ -153,7 +155,10 @@ class Embedding:
         backend = target.backend
         if not isinstance(backend, Embedder):
             raise BackendError(ErrorKind.INTERNAL, f"{target.name} is not an embedding engine")
-        result = await backend.embed(self.request)
+        request = self.request
+        if self.trace is not None:  # the attempt's span context goes to the engine
+            request = replace(request, headers=self.trace.outgoing(target.name))
+        result = await backend.embed(request)
         yield Embedded(finish_reason="stop", usage=Usage(result.prompt_tokens, 0), result=result)
 
     def at_once(self, target: Entry) -> bool:

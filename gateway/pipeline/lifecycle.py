@@ -22,7 +22,7 @@ from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError
 from gateway.http.exchange import ClientGone
 from gateway.pipeline.dispatch import Committed
-from gateway.telemetry.arms import ArmEnd
+from gateway.telemetry.arms import arm_end
 from gateway.whatif.records import Replayed, log_fields
 from routing.types import Decision, RequestFeatures
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from gateway.http.exchange import Exchange
     from gateway.state import AppState
+    from gateway.telemetry.tracing import RequestTrace
 
 log = logging.getLogger("enginegate.request")
 _NOTHING = Usage(0, 0)
@@ -83,6 +84,8 @@ class RequestLife:
         """The request's features with its rule's default budgets, when a weighted split chose its arm
         (``Decision.arm``): what the arm's budgets met are judged by."""
         self._tpot_s: float | None = None
+        self.trace: RequestTrace | None = None
+        """The request's spans (``telemetry.otlp_endpoint``); None with tracing off."""
         self._sent: dict[str, tuple[int, list[float]]] = {}
         """Per backend tried: the prompt tokens it had to prefill (those not expected in its cache)
         and the ages of the blocks expected there, to judge its report of what it reused."""
@@ -99,6 +102,8 @@ class RequestLife:
     def sending(self, target: Entry, prompt_tokens: int) -> None:
         self.attempts += 1
         self._tried = target.name
+        if self.trace is not None:
+            self.trace.sending(target.name, target.config)
         f = self.features
         if f is not None and f.prefix_blocks:
             # Only the prompt tokens not expected in the engine's cache wait to be prefilled there.
@@ -121,12 +126,16 @@ class RequestLife:
     def first_token(self, target: Entry, prompt_tokens: int) -> None:
         # When each attempt's first token came: a whole answer commits at its end, but its time to
         # first token (what the estimator learns and the histogram shows) is this moment.
-        self._firsts[target.name] = time.perf_counter()
+        self._firsts[target.name] = now = time.perf_counter()
+        if self.trace is not None:
+            self.trace.first_token(target.name, now - self.started)
         self.state.fleet.accounts.first_token(target, self._fresh(target, prompt_tokens))
 
     def failed(self, target: Entry, error: BackendError) -> None:
         self.failures.append((target.name, error))
         self.state.metrics.attempt(target.name, error.kind.value)
+        if self.trace is not None:
+            self.trace.failed(target.name, error.kind.value, error.detail)
         # A timeout on an engine that is queueing is its queue, not a fault: its breaker stays shut.
         queueing = error.kind is ErrorKind.TIMEOUT and self.state.fleet.queue_wait_s(target) is not None
         if error.engine_fault and not queueing:
@@ -143,6 +152,8 @@ class RequestLife:
 
     def end(self, target: Entry, prompt_tokens: int = 0) -> None:
         self.state.fleet.accounts.end(target, self._fresh(target, prompt_tokens))
+        if self.trace is not None:
+            self.trace.ended(target.name)
 
     def queued(self, target: Entry) -> float | None:
         return self.state.fleet.queue_wait_s(target)
@@ -155,10 +166,14 @@ class RequestLife:
         stream: bool,
         features: RequestFeatures | None = None,
         armed: RequestFeatures | None = None,
+        began: float = 0.0,
     ) -> None:
-        """``armed``: when a weighted split chose the arm, the features with the rule's default budgets."""
+        """``choose()`` decided (it began at ``began``, ``perf_counter``). ``armed``: when a weighted split
+        chose the arm, the features with the rule's default budgets."""
         self.model, self.decision, self.stream, self.features = model, decision, stream, features
         self.arm_budgets = armed
+        if self.trace is not None:
+            self.trace.routed(decision, features, began or time.perf_counter())
         self.ex.header("x-enginegate-route", decision.reason.value)
         if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
@@ -172,6 +187,10 @@ class RequestLife:
         self.ttft_s = self.first_at - self.started
         self.state.metrics.attempt(entry.name, "ok")
         self.ex.header("x-enginegate-model", self.model)  # the model that answers (an alias's, a fallback)
+        if self.trace is not None:  # a stream's rest passes through the trace, which counts its chunks
+            committed.rest = self.trace.committed(
+                entry.name, entry.config, committed.first, committed.rest, self.stream
+            )
         if self.failures:
             self.state.metrics.failover(self.model)
         if self._named:
@@ -235,31 +254,6 @@ class RequestLife:
         self._tried = "cache"
         if self._open():
             self._record("ok", 200, usage, None, charged=_NOTHING)
-
-    def _arm_end(self, outcome: str, usage: Usage | None) -> ArmEnd:
-        """How the request ended on its arm of a weighted split: its times, tokens, capacity cost and budgets."""
-        entry, f, decision = self.entry, self.arm_budgets, self.decision
-        assert f is not None and decision is not None and decision.rule is not None and decision.arm is not None
-        rule, arm = decision.rule, decision.arm
-        failed = outcome == "error" and (entry is not None or bool(self.failures))
-        if entry is None or outcome != "ok":
-            return ArmEnd(rule, arm, outcome, failed)
-        elapsed_s = time.perf_counter() - self.started
-        tpot_s = self._tpot_s
-        met = None
-        if f.ttft_budget_ms is not None or f.latency_budget_ms is not None or f.tpot_budget_ms is not None:
-            met = (
-                (f.ttft_budget_ms is None or self.ttft_s * 1000 <= f.ttft_budget_ms)
-                and (f.latency_budget_ms is None or elapsed_s * 1000 <= f.latency_budget_ms)
-                and (f.tpot_budget_ms is None or tpot_s is None or tpot_s * 1000 <= f.tpot_budget_ms)
-            )
-        p = entry.profile
-        # One of the backend's slots for the request's time (arrival to last token: an upper bound).
-        cost = p.cost_per_hour * elapsed_s / 3600 / max(1, p.max_concurrency)
-        return ArmEnd(
-            rule, arm, outcome, failed, met, self.ttft_s, tpot_s,
-            usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, cost,
-        )  # fmt: skip
 
     def _reuse_reported(self, entry: Entry, cached_tokens: int) -> None:
         self.state.metrics.cached(entry.name, cached_tokens)
@@ -352,9 +346,18 @@ class RequestLife:
                 recent.append(replayed)
         if self.shadow is not None:
             self.shadow.end(self, outcome, usage)
+        if self.trace is not None:
+            ttft_ms = round(self.ttft_s * 1000, 3) if self.entry is not None else None
+            self.trace.finished(self.model, outcome, status, usage, error.kind.value if error else None, code, ttft_ms)
         decision = self.decision
         if self.arm_budgets is not None:
-            self.state.splits.ended(self._arm_end(outcome, usage))
+            entry, decision = self.entry, self.decision
+            assert decision is not None
+            failed = outcome == "error" and (entry is not None or bool(self.failures))
+            elapsed_s = time.perf_counter() - self.started
+            profile = entry.profile if entry is not None else None
+            times = (elapsed_s, self.ttft_s, self._tpot_s)
+            self.state.splits.ended(arm_end(decision, self.arm_budgets, profile, outcome, failed, times, usage))
         if not logging_on:
             return
         log.info(

@@ -46,6 +46,7 @@ from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
+    from gateway.telemetry.tracing import RequestTrace
     from gateway.tenancy.gate import Tenancy
     from gateway.tenancy.keys import KeyRecord
 
@@ -53,13 +54,15 @@ log = logging.getLogger("enginegate.request")
 
 
 async def serve(
-    ex: Exchange, headers: Mapping[str, str], state: AppState, door: Door, received: float | None = None
+    ex: Exchange, headers: Mapping[str, str], state: AppState, door: Door, received: float | None = None, path: str = ""
 ) -> None:
     """Answer one request of ``door`` on ``ex``; errors before the answer starts raise ``ApiError``.
-    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known.
-    The request's ``RequestLife`` records how it ended, whichever way that is."""
+    ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known; ``path``:
+    its route. The request's ``RequestLife`` records how it ended, whichever way that is."""
     started = received if received is not None else time.perf_counter()
     life = RequestLife(state, door.route, ex, started)
+    if state.tracing is not None:  # its spans; an incoming traceparent makes them its caller's children
+        life.trace = state.tracing.request(headers, ex.request_id, door.route, path, started)
     await life.run(_serve(ex, headers, state, door, life))
 
 
@@ -71,6 +74,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
     if rt.aliases:
         data = fallback.unaliased(data, rt.aliases)
     work = door.understood(data, rt, ex.request_id)
+    work.trace = life.trace
     if work.model not in rt.model_names:
         raise model_not_found(work.model)
     life.model = work.model
@@ -170,9 +174,10 @@ def _route(
 ) -> Decision:  # fmt: skip
     """``choose()`` (within the arm of a weighted split), counted and told (``x-enginegate-route``); a
     refusal when no backend takes it."""
+    began = time.perf_counter() if life.trace is not None else 0.0
     decision, armed = routed(state.splits, rt.rules, feats, snapshot, headers)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
-    life.routed(work.model, decision, work.events is not None, feats, armed)
+    life.routed(work.model, decision, work.events is not None, feats, armed, began)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         # The client is told why without backend names; the log has each backend's reason.
         log.info(
@@ -255,6 +260,7 @@ class Generation:
         self.prompt_tokens = 0
         self.recount: Recount | None = None
         self.bound = 0
+        self.trace: RequestTrace | None = None
 
     async def features(
         self, ex: Exchange, rt: Runtime, snapshot: FleetSnapshot, headers: Mapping[str, str]
@@ -266,6 +272,8 @@ class Generation:
             gen, wanted, extras = drop_unsupported(ex, gen, wanted, extras, snapshot)
         self.gen, self.wanted, self.extras = gen, wanted, extras
         check_extras(gen)
+        if self.trace is not None:
+            self.trace.asked(gen)
         exact, token_ids = await rt.measure(gen, snapshot)
         feats = features(
             gen.model,
@@ -303,6 +311,8 @@ class Generation:
 
     def open_at(self, target: Entry) -> AsyncIterator[Chunk]:
         request = self.gen
+        if self.trace is not None:  # the attempt's span context goes to the engine
+            request = replace(request, headers=self.trace.outgoing(target.name))
         if request.max_tokens is not None:  # the client's: the engine's word on it is the client's answer
             return open_answer(target.backend, target.capabilities, request, self.recount)
         context = target.context(self.model_context)
@@ -315,7 +325,8 @@ class Generation:
             return None
         learned = partial(note_context, target, published=False, model_context=self.model_context)
         context = target.context(self.model_context)
-        request = resized(self.gen, self.cap, context, self.bound, error, learned)
+        gen = self.gen if self.trace is None else replace(self.gen, headers=self.trace.outgoing(target.name))
+        request = resized(gen, self.cap, context, self.bound, error, learned)
         return None if request is None else open_answer(target.backend, target.capabilities, request, self.recount)
 
     def serve_as(self, model: str) -> None:

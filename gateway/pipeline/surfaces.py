@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gateway.fleet.entry import Entry
     from gateway.http.exchange import Exchange
     from gateway.state import Runtime
+    from gateway.telemetry.tracing import RequestTrace
     from routing.types import Decision, FleetSnapshot, RequestFeatures
 
 
@@ -84,6 +85,10 @@ class Surface(Protocol):
 
 class Work(Protocol):
     """One request as the pipeline carries it (and the dispatch's ``Opening`` of it on a target)."""
+
+    trace: RequestTrace | None
+    """The request's spans, set by the pipeline when tracing is on: each opening sends its attempt's
+    ``traceparent`` to the engine."""
 
     @property
     def model(self) -> str: ...

@@ -16,9 +16,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from backends.base import Usage
 from gateway.config import RuleConfig
 from gateway.telemetry.metrics import LATENCY_BUCKETS, TOKEN_TIME_BUCKETS, _Children
 from routing.split import ArmCounts, Guard, verdict
+from routing.types import BackendProfile, Decision, RequestFeatures
 
 log = logging.getLogger("enginegate.split")
 
@@ -186,3 +188,35 @@ class Splits:
                 })  # fmt: skip
             doc[rule] = {"control": next(iter(split.arms)), "guarded": split.guard is not None, "arms": arms}
         return doc
+
+
+def arm_end(
+    decision: Decision,
+    budgets: RequestFeatures,
+    profile: BackendProfile | None,
+    outcome: str,
+    failed: bool,
+    times: tuple[float, float, float | None],
+    usage: Usage | None,
+) -> ArmEnd:
+    """How a request ended on its arm of a weighted split: its times (end to end, to the first token,
+    per output token; seconds), tokens, capacity cost and budgets. ``profile``: the backend that
+    answered, None when none did; ``budgets``: the request's features with its rule's default budgets."""
+    assert decision.rule is not None and decision.arm is not None
+    rule, arm, f = decision.rule, decision.arm, budgets
+    if profile is None or outcome != "ok":
+        return ArmEnd(rule, arm, outcome, failed)
+    elapsed_s, ttft_s, tpot_s = times
+    met = None
+    if f.ttft_budget_ms is not None or f.latency_budget_ms is not None or f.tpot_budget_ms is not None:
+        met = (
+            (f.ttft_budget_ms is None or ttft_s * 1000 <= f.ttft_budget_ms)
+            and (f.latency_budget_ms is None or elapsed_s * 1000 <= f.latency_budget_ms)
+            and (f.tpot_budget_ms is None or tpot_s is None or tpot_s * 1000 <= f.tpot_budget_ms)
+        )
+    # One of the backend's slots for the request's time (arrival to last token: an upper bound).
+    cost = profile.cost_per_hour * elapsed_s / 3600 / max(1, profile.max_concurrency)
+    return ArmEnd(
+        rule, arm, outcome, failed, met, ttft_s, tpot_s,
+        usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, cost,
+    )  # fmt: skip
