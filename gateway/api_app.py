@@ -86,6 +86,7 @@ DOCS: dict[tuple[str, str], Doc] = {
     ("POST", "/admin/reload"): Doc("Reload the config file", "admin", m.ReloadResult),
     ("POST", "/admin/route/explain"): Doc("Explain a routing decision", "admin", m.Explanation, ExplainBody),
     ("GET", "/admin/fleet"): Doc("Fleet state", "admin", m.BackendState),
+    ("GET", "/admin/decisions"): Doc("The last routing decisions", "admin", m.DecisionList),
     ("POST", "/admin/keys"): Doc("Create an API key", "admin", m.KeyRecord, m.KeySpec, status=201),
     ("GET", "/admin/keys"): Doc("List API keys", "admin", m.KeyList),
     ("GET", "/admin/keys/{key_id}"): Doc("Show an API key", "admin", m.KeyRecord),

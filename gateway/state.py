@@ -26,6 +26,7 @@ from gateway.fleet.engines import BackendFactory
 from gateway.fleet.entry import Entry
 from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
+from gateway.telemetry.decisions import RecentDecisions
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.tenancy import gate as tenancy
 from routing.prefix import CHARS_PER_TOKEN
@@ -87,6 +88,8 @@ class AppState:
             )
         self.tenancy = tenancy.build(loaded, self.metrics.registry)
         """API keys, limits and usage (gateway/tenancy); None without ``auth:`` keys."""
+        self.decisions = recent_decisions(cfg, None)
+        """The last routing decisions (``GET /admin/decisions``, the console); None while the admin API is off."""
         self.started = int(time.time())
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""
@@ -125,6 +128,7 @@ class AppState:
             self.runtime = runtime
             self.fleet.replace(entries, models, retired)
             self.metrics.set_models(self.runtime.model_names)
+            self.decisions = recent_decisions(loaded.config, self.decisions)
             if self.tenancy is not None:
                 self.tenancy.reconfigure(loaded.config.auth, tenancy.prices_of(loaded.config))
             self.metrics.reload("ok")
@@ -134,3 +138,14 @@ class AppState:
             )  # fmt: skip
             self.fleet.after_poll()
             return []
+
+
+def recent_decisions(cfg: GatewayConfig, kept: RecentDecisions | None) -> RecentDecisions | None:
+    """The ring of recent decisions ``cfg`` asks for (keeping what ``kept`` holds), or None: without an
+    admin key nobody can read them, so nothing is kept."""
+    size = cfg.admin.recent_decisions if cfg.admin.api_key_env else 0
+    if size == 0:
+        return None
+    if kept is None:
+        return RecentDecisions(size)
+    return kept if kept.size == size else kept.resized(size)

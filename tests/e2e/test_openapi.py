@@ -47,6 +47,7 @@ ROUTES = {
     ("post", "/admin/reload"),
     ("post", "/admin/route/explain"),
     ("get", "/admin/fleet"),
+    ("get", "/admin/decisions"),
     ("post", "/admin/keys"),
     ("get", "/admin/keys"),
     ("get", "/admin/keys/{key_id}"),
