@@ -80,10 +80,13 @@
   // ---- sign in and out ---------------------------------------------------------------------------
   async function signIn(candidate) {
     key = candidate;
+    document.body.dataset.state = "signing-in";
     try {
       const { status, doc } = await api("GET", "/admin/fleet");
+      if (key !== candidate) return;  // signed out (or in again) meanwhile: that one counts
       if (status !== 200) throw new Error(errorMessage(doc) || `status ${status}`);
       sessionStorage.setItem(STORE, key);
+      document.body.dataset.state = "signed-in";
       $("login").hidden = true;
       $("console").hidden = false;
       $("signout").hidden = false;
@@ -98,6 +101,7 @@
 
   function signOut(message) {
     key = null;
+    document.body.dataset.state = "signed-out";
     sessionStorage.removeItem(STORE);
     if (timer !== null) window.clearTimeout(timer);
     timer = null;
@@ -374,7 +378,8 @@
     const button = event.target.querySelector("button");
     button.disabled = true;
     try {
-      const { status, doc } = await api("POST", "/admin/config/diff", yaml, "application/yaml");
+      // JSON, not application/yaml: the gateway takes only JSON bodies (a cross-site form cannot post one).
+      const { status, doc } = await api("POST", "/admin/config/diff", JSON.stringify({ yaml }));
       if (status === 404) {
         out.replaceChildren(el("p", { class: "warn", role: "alert" },
           "The what-if diff is not available on this gateway (POST /admin/config/diff answered 404): it needs a newer enginegate."));
@@ -452,6 +457,9 @@
     $("reload").addEventListener("click", reload);
     document.addEventListener("visibilitychange", () => { if (!document.hidden && key !== null) poll(); });
     if (key) signIn(key);
-    else $("admin-key").focus();
+    else {
+      document.body.dataset.state = "signed-out";
+      $("admin-key").focus();
+    }
   });
 })();
