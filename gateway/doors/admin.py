@@ -221,7 +221,8 @@ class _Operations:
                 "token_counts": entries[b.name].capabilities.token_counts if b.name in entries else None,
                 "context": b.profile.context,  # the engine's own context, where it published or refused one
                 "healthy": b.healthy,
-                "detail": entries[b.name].health.detail if b.name in entries else "",  # why, when unhealthy
+                # why: the last probe's word (an engine's answer, or the error that reaching it gave)
+                "detail": entries[b.name].health.detail if b.name in entries else None,
                 "running": b.running,
                 "waiting": b.waiting,
                 "load_fresh": b.load_fresh,

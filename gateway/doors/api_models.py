@@ -265,7 +265,7 @@ class BackendState(_Doc):
     models: list[str]
     token_counts: Literal["engine", "tokenizer", "estimate"] | None
     healthy: bool
-    detail: str
+    detail: str | None
     """Why the last probe found it unhealthy (or what it said when healthy)."""
     running: int
     waiting: int

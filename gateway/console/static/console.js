@@ -310,7 +310,11 @@
         doc.rule ? ` (rule ${doc.rule})` : "", `, up to ${num(doc.max_attempts)} attempts`,
         doc.retry_after_s ? `, retry after ${num(doc.retry_after_s, 0)} s` : "", ".");
       const excluded = excludedList(doc.excluded);
-      out.replaceChildren(summary, candidatesTable(doc), excluded ? el("p", {}, "Left out:") : null, excluded || "");
+      // Whatever else the answer carries (the budget applied and its source, the weights...), as it comes.
+      const shown = ["reason", "rule", "max_attempts", "retry_after_s", "request", "candidates", "excluded"];
+      const rest = Object.fromEntries(Object.entries(doc).filter(([k]) => !shown.includes(k)));
+      out.replaceChildren(summary, candidatesTable(doc), excluded ? el("p", {}, "Left out:") : "", excluded || "",
+        Object.keys(rest).length ? renderValue(rest, "Explanation", 0) : "");
     } catch (error) {
       failed(out, error);
     } finally {
@@ -330,7 +334,20 @@
     return String(value);
   }
 
-  function rowTable(rows, caption) {
+  // A row's nested objects one level down as columns of their own ("failures.shed"), so that a table of
+  // simulated runs reads as one table.
+  function flatRow(row) {
+    const out = {};
+    for (const [k, v] of Object.entries(row)) {
+      if (v !== null && typeof v === "object" && !Array.isArray(v)) {
+        for (const [sub, value] of Object.entries(v)) out[`${k}.${sub}`] = value;
+      } else out[k] = v;
+    }
+    return out;
+  }
+
+  function rowTable(objects, caption) {
+    const rows = objects.map(flatRow);
     const columns = [...new Set(rows.flatMap((r) => Object.keys(r)))];
     return el("div", { class: "scroll", role: "region", tabindex: 0, "aria-label": caption },
       el("table", {},
