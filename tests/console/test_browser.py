@@ -276,6 +276,7 @@ def test_the_what_if_panel_sends_an_uploaded_config_and_renders_the_answer(
         script = "return [...document.querySelectorAll('#diff-result h4')].map(h => h.textContent)"
         headings = driver.execute_script(script)
         assert headings == list(offered.json()), headings  # every part of the answer, in its order
+        assert "[object" not in _by_id(driver, "diff-result").text  # every value drawn, none stringified whole
     _shot(driver, tmp_path, "what-if", "diff-result")
     # Signing out forgets the key and clears every panel.
     _by_id(driver, "signout").click()

@@ -21,7 +21,7 @@
       if (name === "class") node.className = value;
       else node.setAttribute(name, value === true ? "" : String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined) continue;
       node.append(child instanceof Node ? child : String(child));
     }
@@ -334,12 +334,15 @@
     return String(value);
   }
 
-  // A row's nested objects one level down as columns of their own ("failures.shed"), so that a table of
-  // simulated runs reads as one table.
+  // A row's small nested objects (a few numbers, as a run's failures by reason) as columns of their own
+  // ("failures.shed"), so that a table of simulated runs reads as one table; larger ones (a whole backend
+  // before and after a change) stay one cell, as compact JSON.
   function flatRow(row) {
     const out = {};
     for (const [k, v] of Object.entries(row)) {
-      if (v !== null && typeof v === "object" && !Array.isArray(v)) {
+      const small = v !== null && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length <= 6
+        && Object.values(v).every((x) => x === null || typeof x !== "object");
+      if (small) {
         for (const [sub, value] of Object.entries(v)) out[`${k}.${sub}`] = value;
       } else out[k] = v;
     }
@@ -369,6 +372,7 @@
     }
     if (value !== null && typeof value === "object") {
       const entries = Object.entries(value);
+      if (!entries.length) return el("p", { class: "muted" }, "none");
       if (depth >= 4) return el("code", {}, JSON.stringify(value));
       return el("dl", { class: "doc" }, entries.map(([k, v]) => [
         el("dt", {}, k), el("dd", {}, renderValue(v, `${caption}: ${k}`, depth + 1))]));
