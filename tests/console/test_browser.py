@@ -207,6 +207,38 @@ def test_the_fleet_and_the_last_decisions_are_shown_live(
     _shot(driver, tmp_path, "fleet-and-decisions", "fleet")
 
 
+def test_a_backend_going_down_and_back_is_shown_and_announced(
+    driver: Any, gateway: GatewayProcess, fakes: dict[str, FakeProcess], browser_log: BrowserLog, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    _open(driver, gateway, signed_in=True)
+    _wait(driver, lambda d: any(r[0] == "trtllm-b" and r[3] == "healthy" for r in _rows(d, "fleet-table")), "trtllm-b")
+    fake = fakes["trtllm-b"]
+    fake.kill()
+    try:
+        said = _wait(
+            driver, lambda d: "trtllm-b" in (t := _by_id(d, "announce").get_attribute("textContent")) and t, "a word"
+        )
+        assert said.startswith("trtllm-b is now unhealthy: "), said  # read out by screen readers, with why
+        row = next(r for r in _rows(driver, "fleet-table") if r[0] == "trtllm-b")
+        assert row[3].startswith("unhealthy\n"), row
+        _shot(driver, tmp_path, "backend-down", "fleet")
+    finally:
+        fake.start()
+        wait_ready(fake.url, fake.proc, timeout=60, path="/_chaos/state")
+    _wait(
+        driver, lambda d: "trtllm-b is now healthy." in _by_id(d, "announce").get_attribute("textContent"), "recovery"
+    )
+    # The keyboard reaches the controls, and the one in focus shows it.
+    body = driver.find_element("css selector", "body")
+    body.send_keys(Keys.TAB)
+    focused = driver.execute_script(
+        "return [document.activeElement.tagName, getComputedStyle(document.activeElement).outlineStyle]"
+    )
+    assert focused[0] in ("A", "BUTTON", "INPUT", "TEXTAREA", "DIV") and focused[1] != "none", focused
+
+
 def test_an_explanation_is_rendered_with_the_ranked_candidates_and_their_terms(
     driver: Any, gateway: GatewayProcess, browser_log: BrowserLog, tmp_path: Path
 ) -> None:
