@@ -53,12 +53,14 @@ engines: $(VENV)/.engine-deps
 	CMAKE=$(abspath $(BIN))/cmake bash tools/build_llama_server.sh >/dev/null
 
 # redis-server and PostgreSQL for the tenancy tests (tests/tenancy starts its own on free ports in
-# temporary directories, and stops them), and haproxy for tests/deploy's check of the compose balancer;
+# temporary directories, and stops them), haproxy for tests/deploy's check of the compose balancer, and
+# Chromium with its driver for tests/console (headless, driven by selenium; never a downloaded browser);
 # Debian's packages, through apt-get, when missing.
 services:
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null)
 	command -v haproxy >/dev/null || (apt-get update -qq && apt-get install -y -qq haproxy >/dev/null)
+	(command -v chromium && command -v chromedriver) >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
 
 # The fast loop: every test that needs no engine build (contract fakes, in-process CTranslate2,
 # the gateway as a real process), in a few minutes.

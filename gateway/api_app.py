@@ -89,6 +89,7 @@ DOCS: dict[tuple[str, str], Doc] = {
     ("GET", "/admin/fleet"): Doc("Fleet state", "admin", m.BackendState),
     ("GET", "/admin/splits"): Doc("Weighted splits: arms, counts and the canary guard", "admin", m.SplitState),
     ("GET", "/admin/shadow"): Doc("Shadow traffic's comparisons, summed up", "admin", m.ShadowSummary),
+    ("GET", "/admin/decisions"): Doc("The last routing decisions", "admin", m.DecisionList),
     ("POST", "/admin/keys"): Doc("Create an API key", "admin", m.KeyRecord, m.KeySpec, status=201),
     ("GET", "/admin/keys"): Doc("List API keys", "admin", m.KeyList),
     ("GET", "/admin/keys/{key_id}"): Doc("Show an API key", "admin", m.KeyRecord),

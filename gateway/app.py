@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import api_app
+from gateway import api_app, console
 from gateway.config import LoadedConfig
 from gateway.doors import anthropic_tokens, embeddings
 from gateway.doors.admin import AdminAuth
@@ -391,5 +391,6 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
         docs=state.config.server.docs,
         admin_auth=auth,
     )
+    app.router.routes.extend(console.routes(auth))  # the operator's page: not API, not in the document
     app.state.enginegate = state
     return Gateway(state, app)

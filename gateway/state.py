@@ -31,6 +31,7 @@ from gateway.fleet.entry import Entry
 from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.arms import Splits
+from gateway.telemetry.decisions import RecentDecisions
 from gateway.telemetry.metrics import MULTIPROCESS_ENV, Metrics
 from gateway.telemetry.shadows import Shadows
 from gateway.tenancy import gate as tenancy
@@ -124,6 +125,8 @@ class AppState:
         """The response cache (gateway/cache); None unless ``cache.enabled``."""
         self.tracing = _tracing(cfg)
         """OpenTelemetry traces (``telemetry.otlp_endpoint``); None without an endpoint."""
+        self.decisions = recent_decisions(cfg, None)
+        """The last routing decisions (``GET /admin/decisions``, the console); None while the admin API is off."""
         self.started = int(time.time())
         self.draining = False
         """Shutting down (SIGTERM): /readyz answers 503, connections are not kept alive."""
@@ -172,6 +175,7 @@ class AppState:
             self.fleet.replace(entries, models, retired)
             self.metrics.set_models(self.runtime.model_names)
             self.splits.configure(loaded.config.routing.rules)
+            self.decisions = recent_decisions(loaded.config, self.decisions)
             if self.tenancy is not None:
                 self.tenancy.reconfigure(loaded.config.auth, tenancy.prices_of(loaded.config))
             self.metrics.reload("ok")
@@ -183,3 +187,14 @@ class AppState:
             )  # fmt: skip
             self.fleet.after_poll()
             return [], {"backends": backends, "diff": changes}
+
+
+def recent_decisions(cfg: GatewayConfig, kept: RecentDecisions | None) -> RecentDecisions | None:
+    """The ring of recent decisions ``cfg`` asks for (keeping what ``kept`` holds), or None: without an
+    admin key nobody can read them, so nothing is kept."""
+    size = cfg.admin.recent_decisions if cfg.admin.api_key_env else 0
+    if size == 0:
+        return None
+    if kept is None:
+        return RecentDecisions(size)
+    return kept if kept.size == size else kept.resized(size)

@@ -98,6 +98,10 @@ class AdminConfig(Frozen):
     """Wrong admin keys from one address before it is locked out (429 with Retry-After)."""
     lockout_s: float = Field(default=30.0, gt=0)
     """The first lockout; each failure while locked out doubles it, up to an hour."""
+    recent_decisions: int = Field(default=100, ge=0, le=10_000)
+    """Routing decisions kept in memory for ``GET /admin/decisions`` and the console (the newest; 0:
+    none kept). Kept only while the admin key is set: each holds the request's model, sizes and budgets
+    and the ranked candidates with their predictions, never prompt text."""
 
 
 class MetricsConfig(Frozen):

@@ -1,7 +1,7 @@
 """Admin endpoints (``/admin/...``): reload (answering with what it applied), a config's what-if diff
-(gateway/doors/admin_diff.py), explain a routing decision against the live fleet, fleet state,
-weighted splits' arms,
-and API keys (create, list, show, update, revoke, usage) when the gateway has them.
+(gateway/doors/admin_diff.py), explain a routing decision against the live fleet, fleet state, the last
+routing decisions, weighted splits' arms, shadow traffic's comparisons, and API keys (create, list,
+show, update, revoke, usage) when the gateway has them.
 
 They need ``Authorization: Bearer <key>`` with the key from the environment variable named by
 ``admin.api_key_env`` (without that setting they are off), compared in constant time; an address
@@ -30,6 +30,7 @@ from starlette.routing import Route
 from backends.base import GenerationRequest
 from gateway.doors.admin_diff import ConfigDiff
 from gateway.doors.admin_keys import key_routes
+from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, bad_request, clip
 from gateway.http.peers import TrustedProxies
 from gateway.http.supervisor import SUPERVISOR_ENV
@@ -100,11 +101,21 @@ class AdminAuth:
 
     async def __call__(self, request: Request) -> None:
         cfg = self._state.config.admin
-        server = request.scope.get("server")
-        if cfg.port is not None and (server is None or server[1] != cfg.port):
+        if not self.on_admin_port(request):
             raise ApiError(404, f"Unknown route: {request.method} {clip(request.url.path)}", code="unknown_url")
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         self._check(self._guard, key, request, "admin")
+
+    def on_admin_port(self, request: Request) -> bool:
+        """Whether the request came in where the admin routes answer (any port without ``admin.port``)."""
+        port = self._state.config.admin.port
+        server = request.scope.get("server")
+        return port is None or (server is not None and server[1] == port)
+
+    def key_set(self) -> bool:
+        """Whether an admin key is configured (``admin.api_key_env`` names a variable holding one)."""
+        env = self._state.config.admin.api_key_env
+        return bool(env and os.environ.get(env))
 
     async def metrics(self, request: Request) -> None:
         """Refuse a scrape without the metrics key when ``/metrics`` is protected (``metrics:`` in the
@@ -215,6 +226,7 @@ class _Operations:
         doc = {
             b.name: {
                 "engine": b.profile.engine,
+                "models": sorted(b.profile.models),
                 # who counts its answers' tokens: the engine, the gateway's tokenizer, or an estimate
                 "token_counts": entries[b.name].capabilities.token_counts if b.name in entries else None,
                 "context": b.profile.context,  # the engine's own context, where it published or refused one
@@ -224,10 +236,12 @@ class _Operations:
                 "running": b.running,
                 "waiting": b.waiting,
                 "load_fresh": b.load_fresh,
+                "kv_cache_usage": b.kv_cache_usage,
                 "breaker": b.breaker.value,
                 "recovery": b.recovery,
                 "observed": {"ttft_ratio": b.observed.ttft_ratio, "tpot_ms": b.observed.tpot_ms,
                              "samples": b.observed.samples},
+                **(_held(entries[b.name]) if b.name in entries else {}),
             }
             for b in self.state.fleet.snapshot().backends
         }  # fmt: skip
@@ -244,6 +258,27 @@ class _Operations:
         groups = await asyncio.to_thread(summarize, records)  # thousands of records: off the event loop
         return _json({"pairs": len(records), "in_flight": len(shadows.tasks), "groups": groups})
 
+    async def decisions(self, request: Request) -> Response:
+        """The newest routing decisions (``?limit=``, default all kept), newest first."""
+        raw = request.query_params.get("limit", "")
+        if raw and not (raw.isdigit() and int(raw) >= 1):
+            raise bad_request("limit must be a whole number of 1 or more.", "limit")
+        recent = self.state.decisions
+        data = recent.documents(int(raw) if raw else recent.size) if recent is not None else []
+        return _json({"object": "list", "data": data, "kept": recent.size if recent is not None else 0})
+
+
+def _held(entry: Entry) -> dict[str, Any]:
+    """What the gateway has in flight on a backend and expects it to hold in its prefix cache."""
+    prefix = entry.prefix
+    return {
+        "in_flight": entry.in_flight,
+        "prefill_backlog_tokens": entry.prefill_backlog,
+        "cached_tokens": round(prefix.tokens) if prefix is not None else 0,
+        "cache_capacity_tokens": round(prefix.capacity) if prefix is not None else None,
+        "exact_blocks": len(entry.exact) if entry.exact is not None and entry.exact.synced else None,
+    }
+
 
 def routes(state: AppState) -> list[Route]:
     """The admin routes; each needs ``AdminAuth`` as its dependency (the app adds it to every one)."""
@@ -256,4 +291,5 @@ def routes(state: AppState) -> list[Route]:
         Route("/admin/fleet", ops.fleet, methods=["GET"]),
         Route("/admin/splits", ops.splits, methods=["GET"]),
         Route("/admin/shadow", ops.shadow, methods=["GET"]),
+        Route("/admin/decisions", ops.decisions, methods=["GET"]),
     ]

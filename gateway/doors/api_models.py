@@ -289,14 +289,35 @@ class ConfigDiff(_Doc):
 
 class BackendState(_Doc):
     engine: str
+    models: list[str]
     token_counts: Literal["engine", "tokenizer", "estimate"] | None
     healthy: bool
+    detail: str | None
+    """Why the last probe found it unhealthy (or what it said when healthy)."""
     running: int
     waiting: int
     load_fresh: bool
+    kv_cache_usage: float | None
     breaker: str
     recovery: float | None
     observed: dict[str, Any]
+    in_flight: int
+    prefill_backlog_tokens: int
+    cached_tokens: int
+    """Prompt tokens the gateway expects the engine to hold in its prefix cache."""
+    cache_capacity_tokens: int | None
+    exact_blocks: int | None
+    """Blocks the engine holds by its own KV-cache events (vLLM with ``kv_events``), when in sync."""
+
+
+class DecisionList(_Doc):
+    """The last routing decisions, newest first: each as ``/admin/route/explain`` shows one, with its
+    time (``at``, Unix seconds) and ``request_id``."""
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    kept: int
+    """How many the gateway keeps (``admin.recent_decisions``; 0 while the admin API is off)."""
 
 
 class SplitArm(_Doc):

@@ -178,6 +178,8 @@ def _route(
     decision, armed = routed(state.splits, rt.rules, feats, snapshot, headers)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(work.model, decision, work.events is not None, feats, armed, began)
+    if state.decisions is not None:  # refusals too: the console shows why a request had no backend
+        state.decisions.record(life.ex.request_id, feats, decision)
     if not decision.candidates or decision.reason is Reason.BUDGET_UNMEETABLE:
         # The client is told why without backend names; the log has each backend's reason.
         log.info(

@@ -49,6 +49,7 @@ ROUTES = {
     ("post", "/admin/route/explain"),
     ("get", "/admin/fleet"),
     ("get", "/admin/splits"),
+    ("get", "/admin/decisions"),
     ("post", "/admin/keys"),
     ("get", "/admin/keys"),
     ("get", "/admin/keys/{key_id}"),
