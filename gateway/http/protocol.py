@@ -39,6 +39,9 @@ RECEIVED = "enginegate.received"
 LINGER_S = 1.0
 """After a refusal, input is read and dropped this long so the client can read the answer."""
 _HEALTH = frozenset((b"/healthz", b"/readyz"))
+_YAML_ROUTES = frozenset((b"/admin/config/diff",))
+"""Routes whose body may be YAML: a config's what-if diff takes the file as it is."""
+_YAML_TYPES = frozenset((b"application/yaml", b"application/x-yaml", b"text/yaml", b"text/x-yaml"))
 _GUARD = "enginegate_guard"
 
 # Connection phases, checked by the sweep.
@@ -73,6 +76,11 @@ def response(err: ApiError) -> bytes:
             b"\r\nconnection: close\r\nx-request-id: ", rid, b"\r\n", extra, b"\r\n", body,
         )
     )  # fmt: skip
+
+
+def _yaml(ctype: bytes | None) -> bool:
+    """A YAML body (a config sent as the file it is), for the routes that take one."""
+    return ctype is not None and ctype.partition(b";")[0].strip().lower() in _YAML_TYPES
 
 
 def _json_post(ctype: bytes | None, headers: list[tuple[bytes, bytes]]) -> bool:
@@ -338,7 +346,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return busy()
         if encoding is not None and encoding.strip().lower() != b"identity":
             return _refusal(415, "Compressed request bodies are not accepted (Content-Encoding).", "unsupported_media")
-        if ctype != b"application/json" and self.parser.get_method() == b"POST" and not _json_post(ctype, headers):
+        if (
+            ctype != b"application/json"
+            and self.parser.get_method() == b"POST"
+            and not _json_post(ctype, headers)
+            and not (url.partition(b"?")[0] in _YAML_ROUTES and _yaml(ctype))
+        ):
             return _refusal(415, "Request bodies must be JSON (Content-Type: application/json).", "unsupported_media")
         return None
 

@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -70,3 +71,25 @@ def test_config_diff_replays_what_serve_logged(
     assert [row["gpu_usd_per_hour"] for row in doc["table"]] == [8.0, 4.0]
     tenants = [entry.get("tenant") for entry in served]
     assert tenants.count("acme") == 6 and all(entry["est_prompt_tokens"] > 0 for entry in served)
+
+
+def test_the_admin_diff_takes_a_config_file_as_yaml_through_the_real_server(
+    tmp_path: Path, cache_dir: Path, engines: tuple[str, str]
+) -> None:
+    """The connection layer refuses bodies that are not JSON before any app code runs; the what-if
+    route takes a config as the YAML file it is (``curl --data-binary @new.yaml``), and only it does."""
+    text = CONFIG % engines + "admin: {api_key_env: EG_WHATIF_ADMIN}\n"
+    gateway = GatewayProcess(write_config(tmp_path / "running.yaml", text), cache_dir, env={"EG_WHATIF_ADMIN": "k"})
+    try:
+        smaller = write_config(tmp_path / "new.yaml", text.replace(text.split("\n")[4] + "\n", "")).read_text()
+        auth = {"authorization": "Bearer k"}
+        for ctype in ("application/yaml", "text/yaml"):
+            resp = httpx.post(f"{gateway.base_url}/admin/config/diff", content=smaller,
+                              headers={**auth, "content-type": ctype}, timeout=60)  # fmt: skip
+            assert resp.status_code == 200, resp.text
+            assert [(c["kind"], c["path"]) for c in resp.json()["diff"]] == [("removed", "backends[vllm-b]")]
+        elsewhere = httpx.post(f"{gateway.base_url}/admin/reload", content=smaller,
+                               headers={**auth, "content-type": "application/yaml"}, timeout=60)  # fmt: skip
+        assert elsewhere.status_code == 415, elsewhere.text
+    finally:
+        gateway.stop()
