@@ -45,7 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # Served all the same: the estimate rests on catalog figures (and a guessed size where params_b is
     # unset), and the fleet's other backends still serve; `config check` refuses the file.
-    from gateway.ops.placement import placement_problems
+    from gateway.fleet.placement import placement_problems
 
     for problem in placement_problems(loaded)[0]:
         logging.getLogger("enginegate.fleet").error("%s", problem)

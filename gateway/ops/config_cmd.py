@@ -16,7 +16,7 @@ def _check(args: argparse.Namespace) -> int:
     loaded = load_or_report(args.file)
     if loaded is None:
         return 1
-    from gateway.ops.placement import placement_problems
+    from gateway.fleet.placement import placement_problems
 
     cfg = loaded.config
     errors, placement_warnings = placement_problems(loaded)
