@@ -28,6 +28,7 @@ from gateway.fleet.catalog import PromptCounter, prompt_counters
 from gateway.fleet.catalog import rules as build_rules
 from gateway.fleet.engines import BackendFactory
 from gateway.fleet.entry import Entry
+from gateway.fleet.placement import placement_problems
 from gateway.fleet.prefix_share import PrefixShare
 from gateway.fleet.registry import Fleet, reconcile
 from gateway.telemetry.arms import Splits
@@ -145,7 +146,8 @@ class AppState:
 
     async def reload_applied(self, path: Path | None = None) -> tuple[list[str], dict[str, Any]]:
         """``reload``, and what it applied: ``{"backends": {"kept", "started", "retired": [names]},
-        "diff": [every setting changed, by name]}`` (empty when rejected)."""
+        "diff": [every setting changed, by name], "placement_errors": [backends that can never serve their
+        model]}`` (empty when rejected)."""
         async with self._reloading:
             before = self.runtime.loaded
             source = path or self.runtime.loaded.path
@@ -181,12 +183,16 @@ class AppState:
             self.metrics.reload("ok")
             backends = {"kept": kept, "started": [e.name for e in started], "retired": [e.name for e in retired]}
             changes = [c.to_dict() for c in diff(before.config, loaded.config)]
+            # Applied all the same, as at start (the other backends serve); said in the log and the answer.
+            impossible = (await asyncio.to_thread(placement_problems, loaded))[0]
+            for problem in impossible:
+                log.error("%s", problem)
             log.info(
                 "config reloaded from %s: backends kept %s, started %s, retired %s; %d settings changed",
                 source, kept, backends["started"], backends["retired"], len(changes),
             )  # fmt: skip
             self.fleet.after_poll()
-            return [], {"backends": backends, "diff": changes}
+            return [], {"backends": backends, "diff": changes, "placement_errors": impossible}
 
 
 def recent_decisions(cfg: GatewayConfig, kept: RecentDecisions | None) -> RecentDecisions | None:

@@ -264,6 +264,8 @@ class ReloadResult(_Doc):
     """The backends kept, started and retired, by name."""
     diff: list[dict[str, Any]] | None = None
     """The settings changed, as ``POST /admin/config/diff`` lists them."""
+    placement_errors: list[str] | None = None
+    """Backends that can never serve their model (applied all the same; ``config check`` refuses them)."""
 
 
 class ConfigDiffBody(_Doc):

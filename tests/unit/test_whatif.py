@@ -159,6 +159,10 @@ def test_a_reload_answers_with_the_backends_and_settings_it_changed(
             assert before.json()["replayed"] == 0 and before.json()["moves"] == {} and len(before.json()["diff"]) == 5
             shutil.copy(NEW, config)
             applied = await client.post("/admin/reload", headers=ADMIN)
+            config.write_text(NEW.read_text().replace("gpu: A100-80GB, gpu_count: 4", "gpu: L4, gpu_count: 1"))
+            impossible = await client.post("/admin/reload", headers=ADMIN)
+            assert impossible.status_code == 200, impossible.text  # applied, as at start, and said
+            assert [p for p in impossible.json()["placement_errors"] if "can never serve" in p]
             config.write_text("models: [\n")
             return applied, await client.post("/admin/reload", headers=ADMIN)
 
@@ -166,7 +170,7 @@ def test_a_reload_answers_with_the_backends_and_settings_it_changed(
         applied, rejected = asyncio.run(go(base))
     assert applied.status_code == 200, applied.text
     body = applied.json()
-    assert body["status"] == "reloaded"
+    assert body["status"] == "reloaded" and body["placement_errors"] == []
     assert body["backends"] == {  # the 70B's price changed: rebuilt
         "kept": ["vllm-h100-a"],
         "started": ["trt-h100", "vllm-4xa100-70b"],
