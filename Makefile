@@ -21,14 +21,21 @@ $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --editable .
 	touch $@
 
+# xds-protos (the epp extra) ships an older copy of OpenTelemetry's generated protos under the same
+# module names as opentelemetry-proto (the otel extra); whichever pip installs last wins, and the old
+# copy breaks the OTLP exporter's import. OpenTelemetry's own is put back last (Envoy's protos work with it).
+OTEL_PROTO_LAST = $(BIN)/pip install --quiet --force-reinstall --no-deps "$$($(BIN)/pip freeze | grep -i '^opentelemetry-proto==')"
+
 # The fast loop's dependencies: no engine builds.
 $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --editable ".[test,sim]"
+	$(OTEL_PROTO_LAST)
 	touch $@ $(VENV)/.serve-deps
 
 # llama-cpp-python builds from source (about 10 minutes on two cores the first time, then pip's cache).
 $(VENV)/.engine-deps: pyproject.toml $(VENV)/.test-deps
 	$(BIN)/pip install --quiet --editable ".[test,llama,sim]"
+	$(OTEL_PROTO_LAST)
 	touch $@
 
 serve: $(VENV)/.serve-deps

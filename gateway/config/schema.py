@@ -95,11 +95,8 @@ class GatewayConfig(Frozen):
                     "to match prompts against the engine's token blocks"
                 )
         errors += fallbacks.problems(self.models)
-        if self.telemetry.otlp_endpoint is not None and not _otel_installed():
-            errors.append(
-                "telemetry.otlp_endpoint: needs opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http "
-                "(pip install 'enginegate[otel]')"
-            )
+        if self.telemetry.otlp_endpoint is not None and (missing := _otel_missing()) is not None:
+            errors.append(f"telemetry.otlp_endpoint: {missing}")
         if self.routing.prefix.share and not self.redis.url:
             errors.append("routing.prefix.share: needs redis.url (replicas share prefix blocks through its pub/sub)")
         if self.cache.enabled and self.cache.store == "redis" and not self.redis.url:
@@ -113,7 +110,17 @@ def _kv_events_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("zmq", "msgspec"))
 
 
-def _otel_installed() -> bool:
-    # Asked only when an endpoint is set: finding a submodule imports its parent packages.
+def _otel_missing() -> str | None:
+    """Why traces cannot be exported here, or None. Asked only when an endpoint is set: the exporter is
+    imported, as the gateway will import it, so a broken install is found here and not at start."""
     names = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
-    return all(importlib.util.find_spec(name) is not None for name in names)
+    if not all(importlib.util.find_spec(name) is not None for name in names):
+        return "needs opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http (pip install 'enginegate[otel]')"
+    try:
+        importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    except ImportError as exc:  # xds-protos (the epp extra) installed after opentelemetry-proto replaces its files
+        return (
+            f"the OTLP exporter does not import ({exc}): with xds-protos installed too, reinstall "
+            "opentelemetry-proto last (pip install --force-reinstall --no-deps opentelemetry-proto)"
+        )
+    return None

@@ -4,9 +4,13 @@ when the app starts)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import Any
+
 import pytest
 
-from gateway.config import ConfigError, parse_config, schema
+from gateway.config import ConfigError, parse_config
 
 HEAD = (
     "models: [{name: m, params_b: 8}]\n"
@@ -33,7 +37,23 @@ def test_bad_telemetry_values_name_their_line() -> None:
 
 
 def test_an_endpoint_without_the_packages_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schema, "_otel_installed", lambda: False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if "opentelemetry" in name else real(name))
     found = _problems(HEAD + "telemetry: {otlp_endpoint: 'http://c:4318'}\n")
     assert len(found) == 1 and "pip install 'enginegate[otel]'" in found[0], found
     parse_config(HEAD, "t.yaml")  # without an endpoint nothing is asked of them
+
+
+def test_an_exporter_that_does_not_import_is_a_config_error_that_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xds-protos (the epp extra) installed after opentelemetry-proto replaces its generated files with
+    older ones, and the exporter's import fails (a fresh venv met this): said at config time, not at start."""
+    real = importlib.import_module
+
+    def broken(name: str, *args: Any) -> Any:
+        if name.startswith("opentelemetry.exporter"):
+            raise ImportError("cannot import name 'InstrumentationScope'")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    found = _problems(HEAD + "telemetry: {otlp_endpoint: 'http://c:4318'}\n")
+    assert len(found) == 1 and "InstrumentationScope" in found[0] and "opentelemetry-proto" in found[0], found
