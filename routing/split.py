@@ -8,7 +8,9 @@ consecutive ranges of it in config order, as wide as their weights, so one conve
 always lands on the same arm, and raising the last arm's weight keeps every caller it had.
 
 Within its arm a request is routed as under ``require:``: budgets, breakers, capabilities and load
-choose among the arm's backends. When the arm has no candidate (every backend down, full or
+choose among the arm's backends. An arm may name another model instead: its requests are routed as
+that model's (its backends, its rules) and answered in its name (``Decision.model``).
+When the arm has no candidate (every backend down, full or
 lacking what the request needs), or the guard stopped it, the request goes to the other arms in
 config order, the control (first) arm first: a canary's outage never becomes the client's error.
 """
@@ -77,9 +79,13 @@ def route(
         return choose(f, snapshot, rules)
     first: Decision | None = None
     for arm in arm_order(rule, f, stopped):
-        armed = replace(rule, require=arm.targets)
-        within = replace(rules, rules=tuple(armed if r is rule else r for r in rules.rules))
-        decision = replace(choose(f, snapshot, within), arm=arm.name)
+        if arm.model is not None:  # another model: its backends and rules; the split's rule and arm kept
+            other = choose(replace(f, model=arm.model), snapshot, rules)
+            decision = replace(other, rule=rule.name, arm=arm.name, model=arm.model)
+        else:
+            armed = replace(rule, require=arm.targets)
+            within = replace(rules, rules=tuple(armed if r is rule else r for r in rules.rules))
+            decision = replace(choose(f, snapshot, within), arm=arm.name)
         if decision.candidates:
             return decision
         first = first or decision

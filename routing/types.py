@@ -184,6 +184,9 @@ class Arm:
     """Backend names or pools: the arm restricts the candidates as ``Rule.require`` does."""
     weight: float
     """Percent of the rule's traffic (a split's weights sum to 100)."""
+    model: str | None = None
+    """An arm that sends its requests to another model (then ``targets`` is empty): they are routed
+    and answered as that model's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,3 +306,5 @@ class Decision:
     """``UNSUPPORTED``: each serving backend's missing capabilities and extra fields, by name."""
     arm: str | None = None
     """The arm of the rule's weighted split the candidates come from (``routing.split``)."""
+    model: str | None = None
+    """Set when that arm sends the request to another model: the candidates serve this model."""

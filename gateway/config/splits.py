@@ -119,6 +119,7 @@ def split_problems(
     ``split``."""
     problems = []
     known = [m.name for m in models]  # embedding models too: a rule matching them routes their requests
+    generating = {m.name for m in models if m.kind == "generate"}
     names = [name for name, _, _ in rules]
     for i, (name, patterns, arms) in enumerate(rules):
         if arms and names.count(name) > 1:  # the split's metrics and guard go by the rule's name
@@ -127,9 +128,14 @@ def split_problems(
         for j, arm in enumerate(arms):
             where = f"routing.rules[{i}].split[{j}].to"
             members = [b for b in backends if arm.to in (b.name, b.pool)]
+            if not members and arm.to in known:  # an arm that sends its requests to another model
+                embedding = sorted(m for m in {arm.to, *matched} if m not in generating)
+                if embedding:  # another model's vectors mean something else: never a split's arm
+                    problems.append(f"{where}: an arm naming a model splits generation models only "
+                                    f"({', '.join(map(repr, embedding))} embeds)")  # fmt: skip
+                continue
             if not members:
-                hint = " (arms name backends or pools, not models)" if arm.to in known else ""
-                problems.append(f"{where}: {arm.to!r} is neither a backend nor a pool{hint}")
+                problems.append(f"{where}: {arm.to!r} is neither a backend, a pool nor a model")
                 continue
             served = {b.model for b in members}
             for model in matched:

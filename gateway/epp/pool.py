@@ -29,6 +29,12 @@ def problems(loaded: LoadedConfig) -> list[str]:
     where = f"{loaded.path}: enginegate epp"
     if loaded.config.auth.enabled:
         found.append(f"{where}: auth: keys are not enforced in picker mode (the proxy authenticates); remove them")
+    targets = {b.name for b in loaded.config.backends} | {b.pool for b in loaded.config.backends if b.pool}
+    for rule in loaded.config.routing.rules:
+        for arm in rule.split:
+            if arm.to not in targets:  # an arm naming a model: the body would reach it with another model's name
+                found.append(f"{where}: rule {rule.name}: split arm {arm.to} names a model; picker mode forwards "
+                             "the client's body as it is, so arms name backends or pools")  # fmt: skip
     for cfg in loaded.config.backends:
         if isinstance(cfg, CTranslate2Config | LlamaCppConfig):
             found.append(f"{where}: backend {cfg.name}: engine {cfg.engine} runs in process, it has no endpoint")

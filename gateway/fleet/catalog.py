@@ -195,6 +195,7 @@ def profile(
 
 def rules(loaded: LoadedConfig) -> Rules:
     r = loaded.config.routing
+    targets = {b.name for b in loaded.config.backends} | {b.pool for b in loaded.config.backends if b.pool}
     built = []
     for rc in r.rules:
         m = rc.match
@@ -216,7 +217,7 @@ def rules(loaded: LoadedConfig) -> Rules:
                 mode=Mode(rc.mode) if rc.mode else None,
                 default_ttft_budget_ms=rc.default_ttft_budget_ms,
                 default_latency_budget_ms=rc.default_latency_budget_ms,
-                split=_split(rc),
+                split=_split(rc, targets),
             )
         )
     w = r.weights
@@ -230,10 +231,14 @@ def rules(loaded: LoadedConfig) -> Rules:
     )
 
 
-def _split(rc: RuleConfig) -> Split | None:
+def _split(rc: RuleConfig, targets: set[str]) -> Split | None:
+    """``targets``: backends' and pools' names (an arm naming one of them restricts the candidates;
+    an arm naming anything else names a model, as the config's checks made sure)."""
     if not rc.split:
         return None
-    arms = tuple(Arm(a.label, (a.to,), a.weight) for a in rc.split)
+    arms = tuple(
+        Arm(a.label, (a.to,), a.weight) if a.to in targets else Arm(a.label, (), a.weight, model=a.to) for a in rc.split
+    )
     return Split(arms, rc.sticky.kind if rc.sticky is not None else "conversation")
 
 

@@ -25,6 +25,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.config import GatewayConfig, ServerConfig
+from gateway.http.bodies import json_post, yaml_post
 from gateway.http.errors import ApiError
 from gateway.http.limits import HEALTH_ROOM, Limits, host_name
 
@@ -39,9 +40,6 @@ RECEIVED = "enginegate.received"
 LINGER_S = 1.0
 """After a refusal, input is read and dropped this long so the client can read the answer."""
 _HEALTH = frozenset((b"/healthz", b"/readyz"))
-_YAML_ROUTES = frozenset((b"/admin/config/diff",))
-"""Routes whose body may be YAML: a config's what-if diff takes the file as it is."""
-_YAML_TYPES = frozenset((b"application/yaml", b"application/x-yaml", b"text/yaml", b"text/x-yaml"))
 _GUARD = "enginegate_guard"
 
 # Connection phases, checked by the sweep.
@@ -76,21 +74,6 @@ def response(err: ApiError) -> bytes:
             b"\r\nconnection: close\r\nx-request-id: ", rid, b"\r\n", extra, b"\r\n", body,
         )
     )  # fmt: skip
-
-
-def _yaml(ctype: bytes | None) -> bool:
-    """A YAML body (a config sent as the file it is), for the routes that take one."""
-    return ctype is not None and ctype.partition(b";")[0].strip().lower() in _YAML_TYPES
-
-
-def _json_post(ctype: bytes | None, headers: list[tuple[bytes, bytes]]) -> bool:
-    """A POST is JSON (``application/json`` with any parameters) or has no body at all."""
-    if ctype is not None:
-        return ctype.partition(b";")[0].strip().lower() == b"application/json"
-    for name, value in headers:
-        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
-            return False
-    return True
 
 
 class _Counted(Protocol):
@@ -349,8 +332,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if (
             ctype != b"application/json"
             and self.parser.get_method() == b"POST"
-            and not _json_post(ctype, headers)
-            and not (url.partition(b"?")[0] in _YAML_ROUTES and _yaml(ctype))
+            and not json_post(ctype, headers)
+            and not yaml_post(url, ctype)
         ):
             return _refusal(415, "Request bodies must be JSON (Content-Type: application/json).", "unsupported_media")
         return None

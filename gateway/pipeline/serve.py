@@ -4,8 +4,7 @@ Authenticate, read the body, let the door understand it as ``Work``, check the m
 request's routing features, admit it (tenancy), ``choose()`` (within the arm of a weighted split:
 ``routing.split``), refuse it when no backend takes it, dispatch it with failover under its
 deadlines, then answer as JSON or as SSE. Errors before the commit point are HTTP errors; after it,
-an SSE error event and ``[DONE]``. ``RequestLife`` records how the request ended, whichever way
-that is.
+an SSE error event and ``[DONE]``. ``RequestLife`` records how the request ended, whichever way.
 
 The generation doors' work is ``Generation`` (below): a ``Surface``'s request, its prompt measured
 for routing, generated on a target with the gateway's per-backend shaping.
@@ -94,9 +93,9 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
     asked, keyed = work.model, tenancy if key is not None else None
     chain = rt.chains.get(work.model)
     if chain is None or not isinstance(work, fallback.Retargetable):
-        committed = await _on_model(state, rt, work, snapshot, keyed, headers, life, feats)
+        committed = await _on_model(state, rt, work, snapshot, keyed, (ex, headers), life, feats)
     else:
-        attempt = partial(_on_model, state, rt, work, snapshot, keyed, headers, life)
+        attempt = partial(_on_model, state, rt, work, snapshot, keyed, (ex, headers), life)
         measure = partial(work.features, ex, rt, snapshot, headers)
         allowed = key.allows if key is not None else fallback.anyone
         committed = await fallback.walk(chain, work, work.model, feats, attempt, measure, allowed, life)
@@ -155,12 +154,19 @@ async def _on_model(
     work: Work,
     snapshot: FleetSnapshot,
     tenancy: Tenancy | None,
-    headers: Mapping[str, str],
+    asked: tuple[Exchange, Mapping[str, str]],
     life: RequestLife,
     feats: RequestFeatures,
 ) -> Committed[Entry]:
-    """The work on its model: routed, a key's fair share kept, dispatched up to its commit point."""
+    """The work on its model: routed, a key's fair share kept, dispatched up to its commit point. A
+    weighted split's arm may send it to another model: then it is measured and answered as that one's."""
+    ex, headers = asked
     decision = _route(state, rt, feats, snapshot, work, life, headers)
+    if decision.model is not None and decision.model != work.model and isinstance(work, fallback.Retargetable):
+        work.serve_as(decision.model)
+        life.model = decision.model
+        fresh = await work.features(ex, rt, snapshot, headers)
+        feats = replace(fresh, priority=feats.priority, key=feats.key, team=feats.team)
     if tenancy is not None:
         tenancy.fair_share(feats, decision)  # within a class, no key takes a saturated backend from the others
     if decision.rule is not None and isinstance(work, Generation):  # a rule may mirror it: shadow traffic

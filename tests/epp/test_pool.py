@@ -86,3 +86,16 @@ backends:
     )
     assert main(["epp", "--config", str(config), "--port", "0", "--log-format", "text"]) == 1
     assert "backend native: engine tgi does not speak OpenAI's routes" in capsys.readouterr().err
+
+
+def test_a_split_arm_naming_a_model_is_refused_in_picker_mode(tmp_path: Path) -> None:
+    """The proxy forwards the client's body as it is: an arm that sends requests to another model
+    would reach that model's engine under the model the client named."""
+    split = "split: [{to: a, weight: 90}, {to: other, weight: 10}]"
+    rules = f"routing:\n  rules:\n    - {{name: v2, match: {{models: [m8b]}}, {split}}}\n"
+    backends = """  - {name: a, engine: vllm, url: "http://10.0.0.1:8000", model: m8b}
+  - {name: b, engine: vllm, url: "http://10.0.0.2:8000", model: other}
+"""
+    loaded = _loaded(tmp_path, backends + rules)
+    assert problems(loaded) == [f"{loaded.path}: enginegate epp: rule v2: split arm other names a model; picker mode "
+                                "forwards the client's body as it is, so arms name backends or pools"]  # fmt: skip

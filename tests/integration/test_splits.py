@@ -149,3 +149,44 @@ def test_the_guard_stops_a_failing_canary_says_so_and_a_reload_resumes_it(
     assert len(said) == 1 and getattr(said[0], "arm", None) == "canary"
     logged = {getattr(r, "arm", None) for r in caplog.records if r.name == "enginegate.request" and r.msg == "request"}
     assert {"main", "canary"} <= logged
+
+
+MODEL_ARM = """
+models: [{name: m}, {name: m-next}]
+backends:
+  - {name: main-1, engine: vllm, model: m, url: "http://127.0.0.1:9"}
+  - {name: next-1, engine: vllm, model: m-next, url: "http://127.0.0.1:9"}
+routing:
+  rules:
+    - name: try-next
+      match: {models: [m]}
+      split: [{to: main-1, weight: 70}, {to: m-next, weight: 30}]
+"""
+
+
+def test_an_arm_naming_another_model_answers_a_share_in_that_models_name(tmp_path: Path) -> None:
+    """A 70/30 split between a backend of the model asked and another model: the other model's arm
+    is answered by that model's backend, in its name (body and ``x-enginegate-model``), whole and
+    streamed, and each conversation stays on its arm."""
+    fakes = {"main-1": ScriptedBackend("main-1", "m"), "next-1": ScriptedBackend("next-1", "m-next")}
+    app = create_app(load_config(write_config(tmp_path / "c.yaml", MODEL_ARM)), factory(dict(fakes)))
+    arms: Counter[str] = Counter()
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        for i in range(200):
+            r = ask(client, i)
+            assert r.status_code == 200, r.text
+            arm, named = r.headers["x-enginegate-arm"], r.json()["model"]
+            assert named == r.headers["x-enginegate-model"] == ("m-next" if arm == "m-next" else "m")
+            assert r.headers["x-enginegate-backend"] == ("next-1" if arm == "m-next" else "main-1")
+            arms[arm] += 1
+            if i % 20 == 0:  # the same conversation streamed, a turn later: the same arm and model
+                turns = [
+                    {"role": "system", "content": "Be brief."}, {"role": "user", "content": f"conversation {i}"},
+                    {"role": "assistant", "content": "fine answer"}, {"role": "user", "content": "and 1?"},
+                ]  # fmt: skip
+                body = {"model": "m", "stream": True, "max_tokens": 8, "messages": turns}
+                streamed = client.post("/v1/chat/completions", json=body)
+                assert streamed.headers["x-enginegate-arm"] == arm
+                assert f'"model":"{named}"' in streamed.text.replace(" ", "")
+    assert 30 <= arms["m-next"] <= 90 and arms["m-next"] + arms["main-1"] == 200  # 30% of 200, loosely
+    assert fakes["next-1"].calls >= arms["m-next"] and fakes["main-1"].calls >= arms["main-1"]

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -146,7 +147,7 @@ def test_the_guard_waits_for_its_sample_and_then_stops_an_arm_beyond_the_margin(
 
 
 FLEET_YAML = """
-models: [{name: m}, {name: other}]
+models: [{name: m}, {name: other}, {name: vectors, kind: embed}]
 backends:
   - {name: v1, engine: vllm, model: m, url: "http://127.0.0.1:9", pool: vllm-pool}
   - {name: v2, engine: vllm, model: m, url: "http://127.0.0.1:9", pool: vllm-pool}
@@ -157,6 +158,21 @@ routing:
     - name: canary
       match: {models: [m]}
 """
+
+
+def test_an_arm_may_name_another_model(tmp_path: Path) -> None:
+    """An arm naming a model (not a backend or pool) sends its share of the rule's requests to that model."""
+    from gateway.config import load_config
+    from gateway.fleet.catalog import rules
+
+    path = tmp_path / "c.yaml"
+    path.write_text(FLEET_YAML + "      split: [{to: vllm-pool, weight: 90}, {to: other, weight: 10}]\n")
+    loaded = load_config(path)
+    (rule,) = rules(loaded).rules
+    assert rule.split is not None
+    assert [(a.name, a.targets, a.model) for a in rule.split.arms] == [
+        ("vllm-pool", ("vllm-pool",), None), ("other", (), "other"),
+    ]  # fmt: skip
 
 
 def problems(rule_tail: str) -> list[str]:
@@ -175,10 +191,10 @@ def problems(rule_tail: str) -> list[str]:
         ("      split: [{to: vllm-pool, weight: 105}, {to: trt, weight: -5}]\n",
          "c.yaml:12: routing.rules[0].split[0].weight: Input should be less than or equal to 100"),
         ("      split: [{to: vllm-pool, weight: 95}, {to: trt-canary, weight: 5}]\n",
-         "c.yaml:12: routing.rules[0].split[1].to: 'trt-canary' is neither a backend nor a pool"),
-        ("      split: [{to: vllm-pool, weight: 95}, {to: other, weight: 5}]\n",
-         "c.yaml:12: routing.rules[0].split[1].to: 'other' is neither a backend nor a pool (arms name backends or"
-         " pools, not models)"),
+         "c.yaml:12: routing.rules[0].split[1].to: 'trt-canary' is neither a backend, a pool nor a model"),
+        ("      split: [{to: vllm-pool, weight: 95}, {to: vectors, weight: 5}]\n",
+         "c.yaml:12: routing.rules[0].split[1].to: an arm naming a model splits generation models only ('vectors'"
+         " embeds)"),
         ("      split: [{to: vllm-pool, weight: 95}, {to: o, weight: 5}]\n",
          "c.yaml:12: routing.rules[0].split[1].to: 'o' cannot serve model 'm', which the rule matches"),
         ("      split: [{to: vllm-pool, weight: 100}]\n",
