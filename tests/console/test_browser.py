@@ -314,3 +314,45 @@ def test_the_what_if_panel_sends_an_uploaded_config_and_renders_the_answer(
     _by_id(driver, "signout").click()
     _wait(driver, lambda d: _by_id(d, "login").is_displayed(), "the sign-in form again")
     assert driver.execute_script("return sessionStorage.length") == 0 and _rows(driver, "fleet-table") == []
+
+
+def test_the_traffic_panel_shows_each_split_arm_and_the_shadow_comparison(
+    driver: Any, fakes: dict[str, FakeProcess], cache_dir: Path, browser_log: BrowserLog, tmp_path: Path
+) -> None:
+    """A gateway whose rule splits 50/50 between the two fakes and mirrors every request to the second:
+    the console's traffic panel shows both arms with their counts and the shadow pair."""
+    rules = (
+        "routing:\n  rules:\n    - name: trial\n      match: {models: [" + MODEL + "]}\n"
+        "      split: [{to: tgi-a, weight: 50}, {to: trtllm-b, weight: 50}]\n"
+        "      shadow: {to: trtllm-b, share: 1.0}\n"
+    )
+    config = write_config(tmp_path / "traffic.yaml", config_text(fakes, free_port(), rules))
+    gw = GatewayProcess(config, cache_dir, env={ADMIN_ENV: ADMIN_KEY})
+    try:
+        for i in range(6):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"Hello {i}"}], "max_tokens": 4}
+            resp = httpx.post(f"{gw.base_url}/v1/chat/completions", json=body, timeout=60)
+            assert resp.status_code == 200, resp.text
+        _open(driver, gw, signed_in=True)
+
+        def arms(d: Any) -> dict[str, list[str]] | None:
+            rows = d.execute_script(
+                "return [...document.querySelectorAll('#splits-result tbody tr')]"
+                ".map(r => [...r.cells].map(c => c.innerText))"
+            )
+            found = {r[0]: r for r in rows}
+            return found if set(found) == {"tgi-a", "trtllm-b"} else None
+
+        shown = _wait(driver, arms, "both arms of the split")
+        assert sum(int(row[3]) for row in shown.values()) == 6  # every request counted on its arm
+
+        def shadowed(d: Any) -> bool:
+            text = d.execute_script("return document.getElementById('shadow-result').innerText")
+            return "trtllm-b" in text and "pairs in memory" in text
+
+        _wait(driver, shadowed, "the shadow comparison")
+        _shot(driver, tmp_path, "traffic-splits", "splits-result")
+        _shot(driver, tmp_path, "traffic-shadow", "shadow-result")
+    finally:
+        _by_id(driver, "signout").click()
+        gw.stop()

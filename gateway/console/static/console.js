@@ -126,12 +126,15 @@
     if (timer !== null) window.clearTimeout(timer);
     timer = null;
     try {
-      const [fleet, decisions] = await Promise.all([
+      const [fleet, decisions, splits, shadow] = await Promise.all([
         api("GET", "/admin/fleet"), api("GET", "/admin/decisions?limit=50"),
+        api("GET", "/admin/splits"), api("GET", "/admin/shadow"),
       ]);
       if (key !== null) {  // not signed out meanwhile: nothing is drawn after that
         if (fleet.status === 200) renderFleet(fleet.doc);
         if (decisions.status === 200) renderDecisions(decisions.doc);
+        if (splits.status === 200) renderSplits(splits.doc);
+        if (shadow.status === 200) renderShadow(shadow.doc);
         $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
       }
     } catch (error) {
@@ -386,6 +389,60 @@
       parts.push(el("h4", {}, name), renderValue(value, `${title}: ${name}`, 0));
     }
     return parts;
+  }
+
+  // ---- traffic control: splits and shadow traffic, drawn as the what-if answer is -----------------
+  function renderSplits(doc) {
+    const rules = Object.entries(doc || {});
+    $("splits-result").replaceChildren(...(rules.length === 0
+      ? [el("p", {}, "No weighted split is configured.")]
+      : rules.flatMap(([rule, split]) => [
+        el("h4", {}, `Rule ${rule}: control ${split.control}${split.guarded ? ", guarded" : ""}`),
+        rowTable(split.arms, `Arms of rule ${rule}`),
+      ])));
+  }
+
+  // Nested figures as dotted names (ttft_ms.p50), for a measure-per-row table.
+  function dotted(value, prefix, out) {
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+      for (const [k, v] of Object.entries(value)) dotted(v, prefix ? `${prefix}.${k}` : k, out);
+    } else {
+      out[prefix] = value;
+    }
+    return out;
+  }
+
+  function pairTable(group) {
+    const primary = dotted(group.primary, "", {});
+    const candidate = dotted(group.candidate, "", {});
+    const measures = [...new Set([...Object.keys(primary), ...Object.keys(candidate)])];
+    const caption = `Rule ${group.rule}: ${group.primary_backend} (primary) against ${group.candidate_backend} (candidate)`;
+    return el("div", { class: "scroll", role: "region", tabindex: 0, "aria-label": caption },
+      el("table", {},
+        el("caption", {}, caption),
+        el("thead", {}, el("tr", {}, ["measure", "primary", "candidate"].map((c) => el("th", { scope: "col" }, c)))),
+        el("tbody", {}, measures.map((m) => el("tr", {},
+          el("th", { scope: "row" }, m),
+          ...[primary[m], candidate[m]].map((v) => el("td", { class: typeof v === "number" ? "num" : null }, scalar(v))),
+        )))));
+  }
+
+  function renderShadow(doc) {
+    const groups = (doc && doc.groups) || [];
+    if (groups.length === 0) {
+      $("shadow-result").replaceChildren(
+        el("p", {}, `No shadow comparisons yet (${(doc && doc.in_flight) || 0} mirrored requests running).`));
+      return;
+    }
+    const summary = groups.map((g) => {
+      const rest = {};
+      for (const [k, v] of Object.entries(g)) if (k !== "primary" && k !== "candidate") rest[k] = v;
+      return rest;
+    });
+    $("shadow-result").replaceChildren(
+      el("p", {}, `${doc.pairs} pairs in memory, ${doc.in_flight} running.`),
+      rowTable(summary, "Shadow traffic: each rule, primary and candidate"),
+      ...groups.map(pairTable));
   }
 
   async function whatIf(event) {
