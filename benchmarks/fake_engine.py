@@ -4,8 +4,9 @@
 
 Streams ``FAKE_TOKENS`` chunks (default 16) to a request that asks for a stream, answers the same text
 whole (one JSON body) to one that does not, and answers /health; the gateway's cost is what remains when
-the engine costs almost nothing. (It streamed to every request until the side-by-side benchmark: a
-proxy that relays bytes then answered a whole-answer client with a stream.)
+the engine costs almost nothing; /v1/models lists ``FAKE_MODEL`` (default ``bench``). (It streamed to
+every request until the side-by-side benchmark: a proxy that relays bytes then answered a whole-answer
+client with a stream.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 import orjson
 
 TOKENS = int(os.environ.get("FAKE_TOKENS", "16"))
+MODEL = os.environ.get("FAKE_MODEL", "bench")
+"""The model /v1/models lists (routers such as smg register a worker for the models it lists)."""
+MODELS = orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "fake"}]})
 
 
 def _chunk(chat: bool, text: str | None, finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
@@ -70,6 +74,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             body, kind = BODIES[chat], b"text/event-stream"
         else:
             body, kind = WHOLE[chat], b"application/json"
+    elif scope["path"] == "/v1/models":
+        body, kind = MODELS, b"application/json"
     else:
         body, kind = b"", b"text/plain"
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
