@@ -309,6 +309,10 @@ def test_the_what_if_panel_sends_an_uploaded_config_and_renders_the_answer(
         headings = driver.execute_script(script)
         assert headings == list(offered.json()), headings  # every part of the answer, in its order
         assert "[object" not in _by_id(driver, "diff-result").text  # every value drawn, none stringified whole
+        table = offered.json()["table"]
+        if len(table) >= 2:  # the simulated attainment plotted too: one line per config
+            lines = driver.execute_script("return document.querySelectorAll('#diff-result figure svg path').length")
+            assert lines == len({row["config"] for row in table}), (lines, table)
     _shot(driver, tmp_path, "what-if", "diff-result")
     # Signing out forgets the key and clears every panel.
     _by_id(driver, "signout").click()

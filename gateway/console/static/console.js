@@ -445,6 +445,47 @@
       ...groups.map(pairTable));
   }
 
+  // The simulated attainment of each config against the request rate, as an SVG drawn here (no library:
+  // nothing is fetched, and the page's policy allows no inline style): one line per config, each with its
+  // own colour and dash, the table above holding the same numbers for screen readers.
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+    for (const child of children) node.append(child);
+    return node;
+  }
+
+  function attainmentPlot(rows) {
+    const points = (rows || []).filter((r) => typeof r.rate_rps === "number" && typeof r.within_budget_pct === "number");
+    const configs = [...new Set(points.map((r) => r.config))];
+    if (points.length < 2) return [];
+    const W = 520, H = 260, L = 48, B = 36, T = 12, R = 12;
+    const maxX = Math.max(...points.map((r) => r.rate_rps)) || 1;
+    const x = (v) => L + (v / maxX) * (W - L - R);
+    const y = (v) => T + (1 - v / 100) * (H - T - B);
+    const styles = [["#1f5fbf", ""], ["#c0392b", "6 4"], ["#1e8449", "2 3"], ["#7d3c98", "10 3 2 3"]];
+    const parts = [
+      svg("line", { x1: L, y1: y(0), x2: W - R, y2: y(0), stroke: "#555" }),
+      svg("line", { x1: L, y1: y(0), x2: L, y2: y(100), stroke: "#555" }),
+      svg("text", { x: L - 6, y: y(100) + 4, "text-anchor": "end", "font-size": 11 }, "100%"),
+      svg("text", { x: L - 6, y: y(0) + 4, "text-anchor": "end", "font-size": 11 }, "0%"),
+      svg("text", { x: W - R, y: H - 8, "text-anchor": "end", "font-size": 11 }, `${num(maxX, 2)} requests/s`),
+    ];
+    const legend = [];
+    configs.forEach((config, i) => {
+      const [colour, dash] = styles[i % styles.length];
+      const mine = points.filter((r) => r.config === config).sort((a, b) => a.rate_rps - b.rate_rps);
+      const d = mine.map((r, j) => `${j ? "L" : "M"}${x(r.rate_rps).toFixed(1)},${y(r.within_budget_pct).toFixed(1)}`);
+      parts.push(svg("path", { d: d.join(" "), fill: "none", stroke: colour, "stroke-width": 2, "stroke-dasharray": dash }));
+      for (const r of mine) parts.push(svg("circle", { cx: x(r.rate_rps), cy: y(r.within_budget_pct), r: 3, fill: colour }));
+      legend.push(`${config}: ${["solid", "dashed", "dotted", "dash-dot"][i % 4]} line`);
+    });
+    const label = `Requests within budget (%) against the simulated request rate, per config (${legend.join("; ")})`;
+    return [el("figure", { class: "plot" },
+      svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": label }, ...parts),
+      el("figcaption", {}, label))];
+  }
+
   async function whatIf(event) {
     event.preventDefault();
     const out = $("diff-result");
@@ -465,7 +506,8 @@
         out.replaceChildren(el("p", { class: "error", role: "alert" }, errorMessage(doc) || `Refused (${status}).`),
           ...problemsList(doc));
       } else {
-        out.replaceChildren(el("h3", {}, "What would change"), ...renderDocument(doc, "What would change"));
+        out.replaceChildren(el("h3", {}, "What would change"), ...renderDocument(doc, "What would change"),
+          ...attainmentPlot(doc.table));
       }
     } catch (error) {
       failed(out, error);
