@@ -7,38 +7,19 @@ import json
 import sys
 from pathlib import Path
 
-from gateway.config import ConfigError, LoadedConfig, load_config
-
-
-def _load(path: Path) -> LoadedConfig | None:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return None
-
-
-def _numbers(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected numbers separated by commas") from None
-    if not values or not all(v > 0 for v in values):
-        raise ValueError(f"{flag} {text!r}: expected positive numbers")
-    return values
+from gateway.ops.common import load_or_report, positive_numbers
 
 
 def run(args: argparse.Namespace) -> int:
     from gateway.whatif.replay import read_requests
     from gateway.whatif.report import text, what_if
 
-    old, new = _load(args.old), _load(args.new)
+    old, new = load_or_report(args.old), load_or_report(args.new)
     if old is None or new is None:
         return 1
     try:
-        rates = _numbers(args.rate, "--rate") if args.rate else None
-        scales = _numbers(args.load, "--load")
+        rates = positive_numbers(args.rate, "--rate") if args.rate else None
+        scales = positive_numbers(args.load, "--load")
         names = sorted({m.name for m in old.config.models} | {m.name for m in new.config.models})
         requests = read_requests(args.replay, names, args.seed) if args.replay else []
         doc = what_if(old, new, requests, rates, scales)

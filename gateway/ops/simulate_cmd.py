@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from gateway.config import ConfigError, LoadedConfig, load_config
+from gateway.ops.common import positive_numbers
 
 if TYPE_CHECKING:
     from routing.sim.simulate import SimFleet
@@ -71,16 +72,6 @@ def _fleets(configs: dict[str, LoadedConfig], outages: list[str]) -> dict[str, S
     }
 
 
-def _rates(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected numbers separated by commas") from None
-    if not values or not all(v > 0 for v in values):
-        raise ValueError(f"{flag} {text!r}: expected positive numbers")
-    return values
-
-
 def run(args: argparse.Namespace) -> int:
     from routing.sim import capacity, report
     from routing.sim.sweep import DEFAULT_POLICIES, POLICY_NAMES, compare, parse_shares
@@ -100,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
             POLICY_NAMES if args.policies == "all"
             else [p.strip() for p in args.policies.split(",")] if args.policies else DEFAULT_POLICIES
         )  # fmt: skip
-        rates = _rates(args.rate, "--rate") if args.rate else None
-        loads = [x / 100 for x in _rates(args.load, "--load")] if rates is None else []
+        rates = positive_numbers(args.rate, "--rate") if args.rate else None
+        loads = [x / 100 for x in positive_numbers(args.load, "--load")] if rates is None else []
         bar = ProgressBar(sys.stderr, args.progress or sys.stderr.isatty())
         result = compare(
             fleets, rows, shares, rates=rates, loads=loads, mix=mix, seed=args.seed, duration_s=args.duration,
