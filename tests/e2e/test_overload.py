@@ -62,10 +62,11 @@ backends: [{{name: tgi4, engine: tgi, url: "{url}", model: enginegate-demo}}]
     for results in (cold, warm):
         statuses = Counter(status for status, _, _ in results)
         assert set(statuses) <= {200, 429, 503}, statuses
-        # 4 at a time, about 1 s each, 3 s of admitted waiting: some 8 to 20 are answered, not a handful.
-        # (With 2 s, a full-suite run once answered only 4: the fake engine generates in this process,
-        # beside 80 client threads, and a second slower than nominal left no room for a second round.)
-        assert statuses[200] >= 8 and statuses[429] + statuses[503] > 0, statuses
+        # 4 at a time, about 1 s each, 3 s of admitted waiting: nominally 8 to 20 are answered. How many
+        # rounds fit in the wait depends on how fast the fake engine generates in this process beside 80
+        # client threads (a quiet full-suite CI run once answered 5, with 2 s once 4): what admission must
+        # never do is refuse what the engine runs at once, so at least its 4 slots' worth is answered.
+        assert statuses[200] >= 4 and statuses[429] + statuses[503] > 0, statuses
         shed = [(took, retry) for status, took, retry in results if status in (429, 503)]
         assert all(retry is not None and int(retry) >= 1 for _, retry in shed)
         slowest = max(took for _, took, _ in results)
