@@ -72,6 +72,17 @@ def _fleets(configs: dict[str, LoadedConfig], outages: list[str]) -> dict[str, S
     }
 
 
+def _admitting(fleets: dict[str, SimFleet], admission: str) -> dict[str, SimFleet]:
+    """``--admission``: ``config`` keeps each config's ``routing.max_queue_wait_s``, ``none`` turns
+    admission off, a number of seconds sets it; for every policy alike."""
+    from dataclasses import replace
+
+    if admission == "config":
+        return fleets
+    limit = None if admission == "none" else positive_numbers(admission, "--admission")[0]
+    return {label: replace(fleet, admission_s=limit) for label, fleet in fleets.items()}
+
+
 def run(args: argparse.Namespace) -> int:
     from routing.sim import capacity, report
     from routing.sim.sweep import DEFAULT_POLICIES, POLICY_NAMES, compare, parse_shares
@@ -82,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if configs is None:
         return 1
     try:
-        fleets = _fleets(configs, args.outage or [])
+        fleets = _admitting(_fleets(configs, args.outage or []), args.admission)
         rows = load_trace(args.trace)
         mix = parse_mix(args.mix) if args.mix else DEFAULT_MIX
         names = [m.name for m in next(iter(configs.values())).config.models if m.kind == "generate"]
@@ -151,7 +162,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default
     )
     p.add_argument("--duration", type=float, help="simulated seconds to replay (default: the whole trace)")
     p.add_argument("--outage", action="append", metavar="BACKEND:START_S:END_S", help="take a backend down")
-    p.add_argument("--seed", type=int, default=0, help="draws of models and budgets (default: 0)")
+    p.add_argument(
+        "--admission", default="config",
+        help="for every policy alike: shed a request queued on an engine this many seconds, 'none', or 'config' "
+        "(each config's routing.max_queue_wait_s; the default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--seed", type=int, default=0,
+        help="draws of models and budgets, engines' hidden speeds and step noise (default: 0)",
+    )  # fmt: skip
     p.add_argument(
         "--plot", type=Path,
         help="write a PNG of attainment and GPU $/h against request rate, and PATH_utilization.png per backend",

@@ -32,6 +32,8 @@ def sim_fleet(loaded: LoadedConfig, outages: Sequence[str] | None = None) -> Sim
         rules=rules(loaded),
         poll_s=loaded.config.limits.health_interval_s,
         outages=tuple(parsed),
+        # The gateway's admission limit, applied by the simulated fleet to every policy alike.
+        admission_s=loaded.config.routing.max_queue_wait_s,
     )
 
 

@@ -3,12 +3,15 @@
 Each iteration (an engine "step") decodes one token for every running sequence and
 prefills up to ``PREFILL_CHUNK`` prompt tokens of sequences still reading their
 prompt (chunked prefill, as vLLM, TensorRT-LLM and TGI schedule it); how long a
-step takes comes from ``calibration.step_ms``, fitted to published numbers. A
+step takes comes from the instance's ``truth.StepClock`` (the physics fitted to published numbers
+plus what the router's estimator does not model: per-sequence cost, interference, a hidden
+per-instance speed and noise). A
 sequence's first token comes out of the step that finishes its prompt. Admission
 is FIFO while the batch has a free slot and the KV cache can hold the sequence's
 prompt and whole answer (reserved up front: no preemption, which keeps the model
 simple and only errs on the side of queueing). Taking a backend down fails what
-it holds.
+it holds. Admission, when the fleet has it (``max_wait_s``), is the same for every routing policy: a
+request still in the engine's queue ``max_wait_s`` after it arrived there is shed (the client's 503).
 
 Prefix cache: requests that carry prompt blocks find the longest run of leading
 blocks the instance holds (an LRU bounded by its KV capacity in tokens, the same
@@ -28,7 +31,8 @@ from dataclasses import dataclass, field
 
 from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
 from routing.prefix import PrefixIndex
-from routing.sim.calibration import PERF, EnginePerf, family_for_engine, step_ms
+from routing.sim.calibration import PERF, EnginePerf, family_for_engine
+from routing.sim.truth import EXACT, Truth
 from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, ModelSpec
 
@@ -38,7 +42,7 @@ routing catalog and the simulator share it)."""
 
 
 FAILURES = {
-    "shed": "shed by admission (every backend would queue it past the limit: 503)",
+    "shed": "shed by admission (queued past the fleet's limit, the same for every policy: 503)",
     "strict_429": "refused in strict mode (no backend can meet its budget: 429)",
     "no_backend": "no backend (none up, serving its model, or holding it)",
     "lost": "lost mid-answer (its backend went down after the first token)",
@@ -62,7 +66,12 @@ class Job:
     """Why it got no answer: a ``FAILURES`` key (empty while it has one or is still on its way)."""
     prefill_left: int = 0
     finish_step: int = 0
+    queued_s: float = 0.0
+    """When it joined its backend's queue (admission measures the wait from here)."""
     predicted_ttft_ms: float | None = None
+    """What the router predicted at its decision (enginegate's policies only), as are the next two."""
+    predicted_tpot_ms: float | None = None
+    predicted_e2e_ms: float | None = None
     prior_ttft_ms: float | None = None
     cached_tokens: int = 0
     """Prompt tokens the engine found in its prefix cache (known at admission)."""
@@ -100,10 +109,18 @@ class StepResult:
 
 
 class SimEngine:
-    def __init__(self, profile: BackendProfile, model: ModelSpec, perf: EnginePerf | None = None) -> None:
+    def __init__(
+        self, profile: BackendProfile, model: ModelSpec, perf: EnginePerf | None = None, truth: Truth = EXACT,
+        max_wait_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """``max_wait_s``: shed what has queued this long (None: everything waits its turn)."""
         self.profile = profile
         self.model = model
         self.perf = perf or PERF[family_for_engine(profile.engine, profile.gpu.name)]
+        self.clock = truth.clock(self.perf, profile, model)
+        self.max_wait_s = max_wait_s
+        self.shed: list[Job] = []
+        """Shed by the last ``start_step``: the run collects them."""
         self.name = profile.name
         self.max_batch = profile.max_concurrency
         free = profile.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
@@ -138,13 +155,25 @@ class SimEngine:
     def _need(self, job: Job) -> int:
         return job.request.prompt_tokens + job.request.output_tokens
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job, now: float = 0.0) -> None:
         job.backend = self.name
         job.attempts += 1
+        job.queued_s = now
         self.waiting.append(job)
 
-    def start_step(self) -> float | None:
-        """Plan the next step; its duration in seconds, or None when there is nothing to do."""
+    def _expire(self, now: float) -> None:
+        # The queue is in order of queued_s, so the expired are at its head.
+        limit = self.max_wait_s
+        while limit is not None and self.waiting and now - self.waiting[0].queued_s > limit:
+            job = self.waiting.popleft()
+            job.rejected = True
+            job.failure = "shed"
+            self.shed.append(job)
+
+    def start_step(self, now: float = 0.0) -> float | None:
+        """Plan the next step (at ``now``, after shedding what queued too long); its duration in seconds,
+        or None when there is nothing to do."""
+        self._expire(now)
         while self.waiting and self.running < self.max_batch:
             job = self.waiting[0]
             if self._kv_used + self._need(job) > self.kv_tokens:
@@ -168,11 +197,7 @@ class SimEngine:
             take = min(job.prefill_left, budget)
             self._planned.append((job, take))
             budget -= take
-        p = self.profile
-        ms = step_ms(
-            self.perf, p.gpu, p.gpu_count, self.model.params_b, self.model.bytes_per_param,
-            self.model.kv_bytes_per_token, len(self._decoding), self._ctx, PREFILL_CHUNK - budget,
-        )  # fmt: skip
+        ms = self.clock.step_ms(len(self._decoding), self._ctx, PREFILL_CHUNK - budget)
         self.stepping = True
         return ms / 1000
 

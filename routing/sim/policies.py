@@ -17,7 +17,10 @@ the last poll. Baselines follow their projects' documentation:
   to vLLM, batch work to the cheapest backends (CPU). No serious router works this way.
 - ``enginegate``: ``routing.policy.choose`` on a snapshot built the way the gateway's
   fleet builds it (its own prefix index per backend included), learning from completed
-  requests through ``routing.estimator.observe`` and from the engines' cached-token counts.
+  requests through ``routing.estimator.observe`` (the gateway's online correction: TTFT ratio, time
+  per token and answer length, fed as the gateway's accounting feeds them) and from the engines'
+  cached-token counts. Its own predictive admission (``Rules.max_queue_wait_ms``) is off here:
+  admission is the simulated fleet's, the same for every policy (``SimFleet.admission_s``).
   ``enginegate_2x`` is two independent replicas of it (each with its own index and view of
   the fleet's requests), requests split between them at random: how much a prefix scatters.
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from routing import load
@@ -181,7 +184,7 @@ class Enginegate:
         """``replicas`` gateways, each request to one at random, each with its own prefix index;
         ``share_s``: they tell each other where they sent each prompt (``routing.prefix.share``), heard
         this much later."""
-        self._rules = rules
+        self._rules = replace(rules, max_queue_wait_ms=float("inf"))  # the fleet admits, for every policy
         self._models = models
         self._indexes: list[dict[str, PrefixIndex]] = [{} for _ in range(replicas)]
         self._rng = random.Random(seed ^ 0x2E91)
@@ -247,6 +250,8 @@ class Enginegate:
             return None
         first = decision.candidates[0]
         job.predicted_ttft_ms = first.prediction.ttft_ms
+        job.predicted_tpot_ms = first.prediction.tpot_ms
+        job.predicted_e2e_ms = first.prediction.e2e_ms
         job.prior_ttft_ms = first.prediction.prior_ttft_ms
         if r.blocks:
             index = indexes[first.backend]
@@ -264,7 +269,7 @@ class Enginegate:
         out = job.request.output_tokens
         tpot_ms = (e2e - ttft) * 1000 / (out - 1) if out > 1 else None
         prior = job.prior_ttft_ms if job.prior_ttft_ms is not None else ttft * 1000
-        view.observed = observe(view.observed, prior, ttft * 1000, tpot_ms)
+        view.observed = observe(view.observed, prior, ttft * 1000, tpot_ms, out)
         replica = self._replica_of.pop(id(job), 0)
         if job.request.blocks:  # engines report what they reused (usage.prompt_tokens_details.cached_tokens)
             self._index(replica, view).reported(job.ages, job.cached_tokens, job.request.block_tokens)

@@ -27,18 +27,37 @@ FAILURE_COLUMNS = {"shed": "shed (503)", "strict_429": "strict 429", "no_backend
 assert set(FAILURE_COLUMNS) == set(FAILURES)
 
 COLUMNS = (
-    "rate req/s", "load %", "policy", "within budget %", "cache hits %", "goodput req/s", "TTFT p50 ms",
-    "TTFT p99 ms", "e2e p50 s", "e2e p99 s", *FAILURE_COLUMNS.values(), "busy GPU $/h", "fleet GPU $/h",
-    "busiest backend (busy %)",
+    "rate req/s", "load %", "policy", "within budget %", "rejected", "cache hits %", "goodput req/s",
+    "TTFT p50 ms", "TTFT p99 ms", "e2e p50 s", "e2e p99 s", *FAILURE_COLUMNS.values(), "busy GPU $/h",
+    "busy $ per 1k met", "fleet GPU $/h", "busiest backend (busy %)",
 )  # fmt: skip
+
+CAPTION = (
+    "`rejected`: requests refused without an answer (shed by admission, strict 429, no backend), counted as "
+    "missed in `within budget`. TTFT and e2e percentiles are over every request, one without an answer "
+    "(rejected or lost) counting as never answered: a percentile that falls on those reads `never`. "
+    "`busy GPU $/h` prices the time engines worked, so a rejected request costs nothing there (it was shed "
+    "before it started); `busy $ per 1k met` divides the busy cost over the arrival window by the requests "
+    "answered within budget, so work spent on misses and capacity idled by rejections are charged to them."
+)
+"""The rules of the table, for its caption."""
 
 
 def _ms(seconds: float) -> str:
-    return "-" if seconds != seconds else f"{seconds * 1000:.0f}"  # NaN: nothing answered
+    if seconds == float("inf"):
+        return "never"
+    return "-" if seconds != seconds else f"{seconds * 1000:.0f}"  # NaN: no requests
 
 
 def _s(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "never"
     return "-" if seconds != seconds else f"{seconds:.1f}"
+
+
+def _per_met(r: Result) -> str:
+    met = sum(j.within_budget for j in r.jobs)
+    return f"{r.busy_cost / met * 1000:.2f}" if met else "-"
 
 
 def row(point: Point) -> list[str]:
@@ -50,14 +69,16 @@ def row(point: Point) -> list[str]:
         f"{point.load:.0%}".rstrip("%"),
         r.policy,
         f"{r.attainment * 100:.1f}",
+        str(r.rejected),
         f"{r.cache_hit_rate * 100:.1f}",
         f"{r.goodput:.2f}",
-        _ms(r.percentile("ttft", 0.5)),
-        _ms(r.percentile("ttft", 0.99)),
-        _s(r.percentile("e2e", 0.5)),
-        _s(r.percentile("e2e", 0.99)),
+        _ms(r.percentile("ttft", 0.5, unanswered=True)),
+        _ms(r.percentile("ttft", 0.99, unanswered=True)),
+        _s(r.percentile("e2e", 0.5, unanswered=True)),
+        _s(r.percentile("e2e", 0.99, unanswered=True)),
         *(str(failures[reason]) for reason in FAILURE_COLUMNS),
         f"{r.busy_cost_per_hour:.2f}",
+        _per_met(r),
         f"{r.fleet_cost_per_hour:.2f}",
         f"{name} ({busiest:.0%})",
     ]
@@ -102,3 +123,34 @@ def utilization(points: Sequence[Point]) -> str:
 def failure_legend() -> str:
     """What each failure column counts."""
     return "\n".join(f"{FAILURE_COLUMNS[k]}: {why}" for k, why in FAILURES.items())
+
+
+ERROR_COLUMNS = (
+    "rate req/s", "load %", "policy", "predicted", "TTFT err p50 %", "TTFT err p90 %", "e2e err p50 %",
+    "e2e err p90 %", "e2e err, true length, p50 %", "e2e err, true length, p90 %",
+)  # fmt: skip
+
+
+def _quantiles(errors: Sequence[float]) -> tuple[str, str]:
+    if not errors:
+        return "-", "-"
+    ordered = sorted(errors)
+    at = [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.9)]
+    return f"{at[0] * 100:.0f}", f"{at[1] * 100:.0f}"
+
+
+def errors(points: Sequence[Point]) -> str:
+    """The router's prediction error against the ground truth, per point whose policy predicts (markdown):
+    absolute error as a share of what happened, median and 90th percentile, over answered requests."""
+    several = len({p.fleet for p in points}) > 1
+    head = (["fleet"] if several else []) + list(ERROR_COLUMNS)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in points:
+        r = p.result
+        ttft = r.prediction_errors("ttft")
+        if not ttft:
+            continue
+        cells = [f"{p.rate_rps:.2f}", f"{p.load:.0%}".rstrip("%"), r.policy, str(len(ttft)), *_quantiles(ttft)]
+        cells += [*_quantiles(r.prediction_errors("e2e")), *_quantiles(r.prediction_errors("e2e_known"))]
+        lines.append("| " + " | ".join(([p.fleet] if several else []) + cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""

@@ -4,6 +4,10 @@ Every policy replays the same requests on a fresh copy of the same fleet. Events
 processed in time order (ties in the order they were scheduled), so a run is a pure
 function of its inputs and seed.
 
+Admission is the fleet's, the same for every policy (``SimFleet.admission_s``): a request queued
+on an engine longer than that is shed; enginegate's own predictive admission
+(``Rules.max_queue_wait_ms``) is off in the simulator so that no policy sheds where another cannot.
+
 What the policies see, the same for all: health at once (an outage is noticed when it
 starts), the router's own in-flight counts at once, and engine gauges (running,
 waiting) as of the last poll, every ``poll_s`` like the gateway's poller. A request
@@ -20,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from routing.catalog import PREFILL_CHUNK_TOKENS
-from routing.sim.calibration import step_ms
 from routing.sim.engine import FAILURES, Job, SimEngine
 from routing.sim.policies import BackendView, Policy
+from routing.sim.truth import Truth
 from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, ModelSpec, Rules
 
@@ -45,9 +49,17 @@ class SimFleet:
     rules: Rules = field(default_factory=Rules)
     poll_s: float = 5.0
     outages: tuple[Outage, ...] = ()
+    admission_s: float | None = None
+    """Admission for every policy alike: a request still queued on an engine this many seconds after it
+    got there is shed (503). None: no admission, every request waits its turn."""
+    truth: Truth = field(default_factory=Truth)
+    """How the engines' step times depart from the fitted physics (hidden speeds and noise seeded)."""
 
     def engines(self) -> list[SimEngine]:
-        return [SimEngine(p, self.models[_model_of(p)]) for p in self.profiles]
+        return [
+            SimEngine(p, self.models[_model_of(p)], truth=self.truth, max_wait_s=self.admission_s)
+            for p in self.profiles
+        ]
 
 
 def _model_of(profile: BackendProfile) -> str:
@@ -114,12 +126,42 @@ class Result:
         scaled to its work pays), each backend's share at most all of it."""
         return sum(self.cost_per_hour[n] * min(1.0, u) for n, u in self.utilization.items())
 
-    def percentile(self, what: str, q: float) -> float:
-        """Seconds; over answered requests. ``what``: ``ttft`` or ``e2e``."""
+    def percentile(self, what: str, q: float, *, unanswered: bool = False) -> float:
+        """Seconds; ``what``: ``ttft`` or ``e2e``. Over answered requests; with ``unanswered``, over every
+        request, one without an answer (rejected, failed) counting as never answered (infinite)."""
         values = sorted(v for j in self.jobs if (v := j.ttft_s if what == "ttft" else j.e2e_s) is not None)
+        missing = len(self.jobs) - len(values) if unanswered else 0
         if not values:
-            return float("nan")
-        return values[min(len(values) - 1, int(q * len(values)))]
+            return float("inf") if missing else float("nan")
+        n = len(values) + missing
+        rank = min(n - 1, int(q * n))
+        return values[rank] if rank < len(values) else float("inf")
+
+    @property
+    def unanswered(self) -> int:
+        """Requests that never got a first token (rejected or failed before it), all counted as missed."""
+        return sum(j.first_token_s is None for j in self.jobs)
+
+    def prediction_errors(self, what: str) -> list[float]:
+        """Absolute errors, as shares of what happened, of the router's prediction at its decision
+        against the ground truth, for every answered request it placed with a prediction. ``what``:
+        ``ttft``, ``e2e`` (as predicted, output length unknown) or ``e2e_known`` (the predicted TTFT and
+        time per token with the answer's true length: the timing error alone)."""
+        out = []
+        for j in self.jobs:
+            ttft, e2e = j.ttft_s, j.e2e_s
+            if j.predicted_ttft_ms is None or ttft is None or e2e is None:
+                continue
+            if what == "ttft":
+                predicted, actual = j.predicted_ttft_ms, ttft * 1000
+            elif what == "e2e":
+                predicted, actual = j.predicted_e2e_ms or 0.0, e2e * 1000
+            else:
+                tpot = j.predicted_tpot_ms or 0.0
+                predicted, actual = j.predicted_ttft_ms + tpot * (j.request.output_tokens - 1), e2e * 1000
+            if actual > 0:
+                out.append(abs(predicted - actual) / actual)
+        return out
 
     @property
     def utilization(self) -> dict[str, float]:
@@ -168,7 +210,14 @@ class _Run:
     def kick(self, engine: SimEngine, now: float) -> None:
         if engine.stepping or not engine.up:
             return
-        duration = engine.start_step()
+        duration = engine.start_step(now)
+        if engine.shed:
+            view = self.views[engine.name]
+            for job in engine.shed:
+                view.in_flight -= 1
+                view.prefill_backlog -= job.backlog_tokens
+                self.policy.finished(job, view)
+            engine.shed.clear()
         if duration is not None:
             self.schedule(now + duration, _STEP, (engine, self.epochs[engine.name], duration))
 
@@ -183,7 +232,7 @@ class _Run:
         choice.in_flight += 1
         job.backlog_tokens = job.request.prompt_tokens - job.expected_cached
         choice.prefill_backlog += job.backlog_tokens
-        choice.engine.submit(job)
+        choice.engine.submit(job, now)
         self.kick(choice.engine, now)
 
     def stepped(self, engine: SimEngine, epoch: int, duration: float, now: float) -> None:
@@ -266,17 +315,13 @@ def backend_capacity_rps(engine: SimEngine, prompt: float, out: float, prefill_s
     tokens (each prompt once per answer), at most a chunk per step; the best B (up to the slots and
     the KV cache) gives the capacity.
     """
-    p = engine.profile
     limit = max(1, min(engine.max_batch, int(engine.kv_tokens / (prompt + out))))
     best = 0.0
     batch = 1
     fresh = prompt * prefill_share  # cached tokens are not prefilled, but take KV and are read by every decode step
     while True:
         prefill = min(PREFILL_CHUNK_TOKENS, batch * fresh / out)
-        ms = step_ms(
-            engine.perf, p.gpu, p.gpu_count, engine.model.params_b, engine.model.bytes_per_param,
-            engine.model.kv_bytes_per_token, batch, batch * (prompt + out / 2), prefill,
-        )  # fmt: skip
+        ms = engine.clock.mean_ms(batch, batch * (prompt + out / 2), prefill)
         best = max(best, min(batch / out, prefill / fresh) / (ms / 1000))
         if batch >= limit:
             return best

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from routing.sim.capacity import ModelCapacity, capacities
 from routing.sim.peers import strong_peers
@@ -70,6 +70,11 @@ def parse_shares(text: str) -> list[tuple[str, float]]:
     return [(n, s / total) for n, s in shares]
 
 
+def seeded(fleet: SimFleet, seed: int) -> SimFleet:
+    """The fleet with its engines' hidden speeds and step noise drawn from ``seed`` (the run's seed)."""
+    return replace(fleet, truth=replace(fleet.truth, seed=seed))
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Fleets compared at the same absolute request rates."""
@@ -97,6 +102,7 @@ def compare(
     policy replays the very same requests at a rate; ``progress(done, total, line)`` after each run."""
     if not fleets:
         raise ValueError("no fleet to simulate")
+    fleets = {label: seeded(fleet, seed) for label, fleet in fleets.items()}
     for label, fleet in fleets.items():
         unknown = sorted({m for m, _ in model_shares} - set(fleet.models))
         if unknown:
@@ -148,6 +154,7 @@ def sweep(
     unknown = sorted({m for m, _ in model_shares} - set(fleet.models))
     if unknown:
         raise ValueError(f"models not in the fleet: {', '.join(unknown)}")
+    fleet = seeded(fleet, seed)
     make = policies or (lambda: all_policies(fleet.rules, fleet.models, seed))
     base = build_workload(rows, mix=mix, seed=seed)
     capacity = capacity_rps(fleet, base, assign_models(base, model_shares, seed), 1 - ideal_reuse(rows))

@@ -21,6 +21,7 @@ from routing.sim.policies import (
 from routing.sim.simulate import Outage, SimFleet, assign_models, capacity_rps, simulate
 from routing.sim.sweep import parse_shares, sweep
 from routing.sim.traces import TraceRow
+from routing.sim.truth import EXACT
 from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, ModelSpec, Rules
 
@@ -156,8 +157,11 @@ def test_an_outage_reroutes_requests_without_a_first_token_and_fails_the_others(
 
 
 def test_capacity_grows_with_the_fleet_and_load_one_is_that_rate() -> None:
-    small = SimFleet((profile("a", "vllm", "A100-80GB"),), {"m8": LLAMA_8B})
-    big = SimFleet((profile("a", "vllm", "A100-80GB"), profile("b", "vllm", "A100-80GB")), {"m8": LLAMA_8B})
+    # The physics alone: with hidden per-instance speeds two backends are not twice one.
+    small = SimFleet((profile("a", "vllm", "A100-80GB"),), {"m8": LLAMA_8B}, truth=EXACT)
+    big = SimFleet(
+        (profile("a", "vllm", "A100-80GB"), profile("b", "vllm", "A100-80GB")), {"m8": LLAMA_8B}, truth=EXACT
+    )
     requests = burst(100, 1.0)
     one, two = capacity_rps(small, requests, ["m8"] * 100), capacity_rps(big, requests, ["m8"] * 100)
     assert two == pytest.approx(2 * one)
