@@ -1,10 +1,12 @@
-"""How fast a simulated engine instance really is: the simulator's ground truth, per engine family.
+"""How fast a simulated engine instance is by the physics fitted per engine family: the base of the ground truth.
 
 The routing estimator has its own priors (``routing.catalog.ENGINES``) and learns from what it
 observes; the simulator must not reuse them, or the policy would be graded against its own guess.
 The constants here were fitted by ``benchmarks/calibration.py`` to the published numbers in
 ``data/published_engine_numbers.csv``; ``benchmarks/results/calibration.md`` shows every row used,
-measured against modelled, and the rows left out with the reason.
+measured against modelled, and the rows left out with the reason. The simulated engines run on
+``routing.sim.truth``, which adds what neither this fit nor the estimator models (per-sequence cost,
+prefill/decode interference, hidden per-instance speeds, step noise).
 
 One engine iteration (continuous batching) runs the model once over every token scheduled in it:
 one new token for each decoding sequence plus the prompt tokens being prefilled. Its time is
