@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from gateway.cli import main
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.estimator import decode_step_ms, prefill_ms
 from routing.sim import report
@@ -21,6 +23,7 @@ from routing.sim.truth import EXACT, NOISE_SIGMA, SPEED_SPREAD, Truth
 from routing.sim.workload import SimRequest
 from routing.types import BackendProfile, BackendState, ModelSpec, Rules
 
+ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ModelSpec("m8", 8, BYTES_PER_PARAM["bf16"], 131072, 131072)
 
 
@@ -144,3 +147,26 @@ def test_the_estimators_error_is_measured_for_every_request_the_router_placed() 
     assert one.prediction_errors("ttft") == [pytest.approx(0.5)]
     assert one.prediction_errors("e2e") == [pytest.approx(1.0)]  # actual e2e 200 ms
     assert one.prediction_errors("e2e_known") == [pytest.approx(0.2)]  # 150 + 10 x 9 = 240
+
+
+def _shed_by_policy(out: str) -> dict[str, int]:
+    """The ``shed (503)`` cell of each row of ``enginegate simulate``'s table, by policy."""
+    head, *rows = out.split("\n\n")[1].splitlines()  # after the capacity lines: the table, its head first
+    starts = [head.index(c) for c in ("policy", "shed (503)")]
+    return {row[starts[0] :].split()[0]: int(row[starts[1] :].split()[0]) for row in rows}
+
+
+def test_cli_simulate_applies_one_admission_to_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{i * 0.05},1500,200\n" for i in range(600)))
+    base = [
+        "simulate", "--config", str(ROOT / "configs/sim-fleet.yaml"), "--trace", str(trace), "--load", "400",
+        "--models", "llama-3.1-8b:1", "--policies", "round_robin,llm_d,enginegate",
+    ]  # fmt: skip
+    assert main([*base, "--admission", "1"]) == 0
+    shed = _shed_by_policy(capsys.readouterr().out)
+    assert set(shed) == {"round_robin", "llm_d", "enginegate"} and all(n > 0 for n in shed.values()), shed
+    assert main([*base, "--admission", "none"]) == 0
+    assert set(_shed_by_policy(capsys.readouterr().out).values()) == {0}
+    assert main([*base, "--admission", "soon"]) == 1
+    assert "--admission 'soon'" in capsys.readouterr().err
