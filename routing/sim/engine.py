@@ -11,7 +11,8 @@ is FIFO while the batch has a free slot and the KV cache can hold the sequence's
 prompt and whole answer (reserved up front: no preemption, which keeps the model
 simple and only errs on the side of queueing). Taking a backend down fails what
 it holds. Admission, when the fleet has it (``max_wait_s``), is the same for every routing policy: a
-request still in the engine's queue ``max_wait_s`` after it arrived there is shed (the client's 503).
+request still queued ``max_wait_s`` after it reached the engine (waiting, or holding a slot with no
+prefill chunk yet) is shed (the client's 503).
 
 Prefix cache: requests that carry prompt blocks find the longest run of leading
 blocks the instance holds (an LRU bounded by its KV capacity in tokens, the same
@@ -162,18 +163,36 @@ class SimEngine:
         self.waiting.append(job)
 
     def _expire(self, now: float) -> None:
-        # The queue is in order of queued_s, so the expired are at its head.
+        """Shed what has queued past ``max_wait_s``: in the queue, or holding a slot without a prefill
+        chunk yet (vLLM keeps those in its waiting queue; this model gives them a slot at once)."""
         limit = self.max_wait_s
-        while limit is not None and self.waiting and now - self.waiting[0].queued_s > limit:
-            job = self.waiting.popleft()
-            job.rejected = True
-            job.failure = "shed"
-            self.shed.append(job)
+        if limit is None:
+            return
+        # Both lists are in order of queued_s, so the expired are at the head of the queue and at the
+        # head of the prompts not yet started (the chunk budget goes to the oldest prompts first).
+        while self.waiting and now - self.waiting[0].queued_s > limit:
+            self._shed(self.waiting.popleft())
+        i = 0
+        while i < len(self.prefilling) and self._started(self.prefilling[i]):
+            i += 1
+        while i < len(self.prefilling) and now - self.prefilling[i].queued_s > limit:
+            job = self.prefilling.pop(i)
+            self._kv_used -= self._need(job)
+            self._shed(job)
+
+    @staticmethod
+    def _started(job: Job) -> bool:
+        return job.prefill_left < job.request.prompt_tokens - job.cached_tokens
+
+    def _shed(self, job: Job) -> None:
+        job.rejected = True
+        job.failure = "shed"
+        self.shed.append(job)
 
     def start_step(self, now: float = 0.0) -> float | None:
         """Plan the next step (at ``now``, after shedding what queued too long); its duration in seconds,
         or None when there is nothing to do."""
-        self._expire(now)
+        self._expire(now)  # before admitting, so nothing expired joins the batch or the prefix cache
         while self.waiting and self.running < self.max_batch:
             job = self.waiting[0]
             if self._kv_used + self._need(job) > self.kv_tokens:

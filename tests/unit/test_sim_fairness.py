@@ -15,7 +15,7 @@ from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.estimator import decode_step_ms, prefill_ms
 from routing.sim import report
 from routing.sim.calibration import PERF
-from routing.sim.engine import Job
+from routing.sim.engine import Job, SimEngine
 from routing.sim.peers import LlmD, SglangCacheAware
 from routing.sim.policies import Enginegate, LeastBusy, Policy, RoundRobin
 from routing.sim.simulate import Result, SimFleet, simulate
@@ -170,3 +170,22 @@ def test_cli_simulate_applies_one_admission_to_every_policy(tmp_path: Path, caps
     assert set(_shed_by_policy(capsys.readouterr().out).values()) == {0}
     assert main([*base, "--admission", "soon"]) == 1
     assert "--admission 'soon'" in capsys.readouterr().err
+
+
+def test_a_prompt_holding_a_slot_without_a_prefill_chunk_is_still_queued_and_is_shed() -> None:
+    # With 256 slots nothing waits in the engine's queue, yet 60 long prompts at once are prefilled a
+    # chunk per step: those not started within the limit are shed (vLLM still has them waiting).
+    engine = SimEngine(profile("a", "L4", 256), LLAMA_8B, max_wait_s=1.0)
+    jobs = [Job(SimRequest(i, 0.0, 4000, 20, "interactive", 500.0, None), "m8") for i in range(60)]
+    for job in jobs:
+        engine.submit(job, 0.0)
+    now, shed = 0.0, []
+    while (duration := engine.start_step(now)) is not None:
+        shed += engine.shed
+        engine.shed.clear()
+        now += duration
+        engine.end_step(now, duration)
+    assert 0 < len(shed) < 60 and all(j.failure == "shed" and j.first_token_s is None for j in shed)
+    assert all(j.done_s is not None for j in jobs if j not in shed)
+    assert engine.running == 0 and engine.kv_usage == 0.0  # the shed gave their KV reservation back
+    assert sorted(j.request.id for j in shed) == list(range(60 - len(shed), 60))  # the last come, first shed
