@@ -157,6 +157,26 @@ def section(
     return body, [f"{title}: {b}" for b in behind]
 
 
+def header_note() -> str:
+    """What every table and verdict below counts, and how the comparison is kept fair."""
+    return (
+        "`within budget`: share of all requests whose first token and whole answer came within their budgets "
+        "(failed and rejected requests count as missed). " + report.CAPTION + " Admission is the fleet's and "
+        "the same for every policy: `admission 20 s` sheds a request still queued on an engine 20 s after it got "
+        "there (waiting, or holding a slot with no prefill chunk yet; the config's `routing.max_queue_wait_s`; "
+        "enginegate's own predictive shedding is off in the simulator), `no admission` sheds nothing. Engine step "
+        "times come from `routing/sim/truth.py`: the physics fitted to published numbers plus per-sequence cost, "
+        "prefill/decode interference, a hidden per-instance speed (+-12%) and lognormal step noise, none of which "
+        "the router's estimator models; it learns them online as the gateway does. Verdicts: within 1 point of "
+        "the strongest peer is a tie. `cache hits`: share of answered requests' prompt tokens the engines found "
+        "in their prefix caches. `fleet GPU $/h`: price per hour of keeping the whole fleet up, the same for "
+        "every policy. Requests without an answer are counted by reason (shed by admission, strict 429, no "
+        "backend, lost mid-answer). `static` is a strawman (a hand-written engine table). `enginegate_2x`: two "
+        "gateway replicas, requests split at random, each with its own prefix index; `enginegate_2x_shared`: the "
+        "same sharing where they sent each prompt (`routing.prefix.share`, heard 5 ms later)."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs/sim-fleet.yaml")
@@ -190,26 +210,10 @@ def main() -> None:
     sections = [
         "# Routing benchmark",
         "",
-        f"Seed {args.seed}; default budget mix{'; quick run (shortened traces)' if args.quick else ''}. "
-        "Written by `benchmarks/routing.py`.",
+        f"Seed {args.seed}; default budget mix{'; quick run (shortened traces)' if args.quick else ''}; "
+        f"policies: {', '.join(names) if names else 'all'}. Written by `benchmarks/routing.py`.",
         "",
-        "`within budget`: share of all requests whose first token and whole answer came within their budgets "
-        "(failed and rejected requests count as missed). " + report.CAPTION + " Admission is the fleet's and "
-        "the same for every policy: `admission 20 s` sheds a request still queued on an engine 20 s after it got "
-        "there (the config's `routing.max_queue_wait_s`; enginegate's own predictive shedding is off in the "
-        "simulator), `no admission` sheds nothing. Engine step times come from `routing/sim/truth.py`: the "
-        "physics fitted to published numbers plus per-sequence cost, prefill/decode interference, a hidden "
-        "per-instance speed (+-12%) and lognormal step noise, none of which the router's estimator models; it "
-        "learns them online as the gateway does. Verdicts: within 1 point of the strongest peer is a tie. "
-        "`cache hits`: share of answered requests' prompt tokens "
-        "the engines found in their prefix caches. `busy GPU $/h`: price per hour of the share of the arrival "
-        "window each backend was working (what a fleet that scales idle capacity away pays); `fleet GPU $/h`: "
-        "price per hour of keeping the whole fleet up, the same for every policy. Requests without an answer are "
-        "counted by reason (shed by admission, strict 429, no backend, lost mid-answer). "
-        "`static` is a strawman (a hand-written engine table). "
-        "`enginegate_2x`: two gateway replicas, requests split at random, each with its own prefix index; "
-        "`enginegate_2x_shared`: the same sharing where they sent each prompt (`routing.prefix.share`, heard 5 ms "
-        "later).",
+        header_note(),
     ]
     behind: list[str] = []
     chosen = workloads(args.quick)
