@@ -123,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     print(report.failure_legend())
     print("\nBusy share of each backend (%; above 100: work still draining after the last arrival):")
     print(report.utilization(result.points))
+    errors = report.errors(result.points)
+    if errors:
+        print("\nThe router's predictions against the simulated engines (absolute error, % of the actual):")
+        print(errors)
     if args.plot:
         try:
             from gateway.ops.sim_plots import plot

@@ -199,11 +199,13 @@ def test_cli_simulate_prints_the_comparison_and_writes_a_plot(
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    comparison, utilization = out.split("Busy share of each backend")
+    comparison, rest = out.split("Busy share of each backend")
+    utilization, errors = rest.split("The router's predictions against the simulated engines")
     for policy in ("round_robin", "random", "least_busy", "latency", "static", "enginegate"):
         assert comparison.count(f" {policy} ") == 2, policy
         assert utilization.count(f" {policy} ") == 2, policy
     assert " enginegate | " in utilization and "trt-h100" in utilization  # the utilization table, per backend
+    assert errors.count("| enginegate |") == 2 and "| round_robin |" not in errors  # only enginegate predicts
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
