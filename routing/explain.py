@@ -11,9 +11,6 @@ from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
 
 TERMS = ("budget", "cost")
 """The weighted terms of a candidate's score (``routing.weights``), in the table's order."""
-RETIRED_TERMS = ("load", "affinity")
-"""Weights no longer used (``routing.weights.load``, ``.affinity``): queueing and cache reuse are in the
-predicted times, balance in the load bound."""
 
 
 def applied_budget(features: RequestFeatures, decision: Decision, rules: Rules | None) -> dict[str, dict[str, Any]]:

@@ -87,14 +87,12 @@ def work_ms(model: ModelSpec, state: BackendState, p: Prediction, f: RequestFeat
     return prefill_ms(model, state, f.prompt_tokens - p.cached_tokens) + p.tpot_ms * out / p.slots
 
 
-def bounds(alive: list[BackendState], predictions: dict[str, Prediction], factor: float) -> dict[str, int]:
+def bounds(in_flight: list[int], slots: list[int], factor: float, spare: int) -> list[int]:
     """Each backend's bound: the most requests it may have in flight with this one, ``factor`` times
     its share (by the slots this request's size leaves it) of every request in flight plus this one,
-    rounded up (so an idle fleet's first requests always fit)."""
-    total = sum(s.running + s.waiting for s in alive) + 1
-    slots = {s.name: predictions[s.name].slots for s in alive}
-    all_slots = sum(slots.values())
-    return {name: math.ceil(factor * total * n / all_slots - 1e-9) for name, n in slots.items()}
+    rounded up, plus ``spare``."""
+    fair = factor * (sum(in_flight) + 1) / sum(slots)
+    return [math.ceil(fair * n - 1e-9) + spare for n in slots]
 
 
 def meets(times: tuple[float, float], p: Prediction, f: RequestFeatures) -> bool:
@@ -126,31 +124,6 @@ def budget_term(ratio: float | None, e2e: float, fastest_e2e: float, closest_mis
     return 0.5 * closest_miss / ratio
 
 
-def priced(
-    alive: list[BackendState], predictions: dict[str, Prediction], work: dict[str, float]
-) -> dict[str, tuple[float, float]]:
-    """Each backend's (first-token, end-to-end) times with the capacity it takes priced in: the GPU
-    time beyond the least costly candidate's, times the fleet's share of slots in use (how much of
-    that work delays other requests: none on an idle fleet, all of it on a full one)."""
-    in_use = sum(s.running + s.waiting for s in alive) / sum(predictions[s.name].slots for s in alive)
-    busy_share = min(1.0, in_use)
-    least = min(work.values())
-    return {
-        s.name: (
-            predictions[s.name].ttft_ms + busy_share * (work[s.name] - least),
-            predictions[s.name].e2e_ms + busy_share * (work[s.name] - least),
-        )
-        for s in alive
-    }
-
-
-def over_bound(alive: list[BackendState], bound: dict[str, int]) -> set[str]:
-    """The backends this request would take past their bound; none when every one would (bounded
-    loads always place a key somewhere)."""
-    over = {s.name for s in alive if s.running + s.waiting + 1 > bound[s.name]}
-    return set() if len(over) == len(alive) else over
-
-
 @dataclass(frozen=True, slots=True)
 class Scored:
     """The candidates with their scores, and whether the request is hopeless everywhere."""
@@ -170,38 +143,51 @@ def scored(
     out: int,
 ) -> Scored:
     """Each backend's times priced with the capacity it takes, its score and where it stands against
-    its load bound."""
-    work = {s.name: work_ms(model, s, predictions[s.name], f, out) for s in alive}
-    times = priced(alive, predictions, work)
-    fastest = min(t[1] for t in times.values())
-    cost = {s.name: s.profile.cost_per_hour * work[s.name] for s in alive}
-    cheapest = min(cost.values())
-    tie = home(alive, matched, f)
+    its load bound (lists in ``alive``'s order: this runs on every request)."""
+    names = [s.name for s in alive]
+    preds = [predictions[name] for name in names]
+    in_flight = [s.running + s.waiting for s in alive]
+    work = [work_ms(model, s, p, f, out) for s, p in zip(alive, preds, strict=True)]
+    # The GPU time beyond the least costly candidate's, times the fleet's share of slots in use: how
+    # much of that work delays other requests (none on an idle fleet, all of it on a full one).
+    least, busy_share = min(work), min(1.0, sum(in_flight) / sum(p.slots for p in preds))
+    extra = [busy_share * (w - least) for w in work]
+    times = [(p.ttft_ms + x, p.e2e_ms + x) for p, x in zip(preds, extra, strict=True)]
+    fastest = min(t[1] for t in times)
+    cost = [s.profile.cost_per_hour * w for s, w in zip(alive, work, strict=True)]
+    cheapest = min(cost)
+    tie = names.index(home(alive, matched, f))
     new = max(matched.values()) <= f.preamble_blocks
-    ratios = {s.name: budget_ratio(times[s.name], predictions[s.name], f) for s in alive}
+    ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds, strict=True)]
     if not new and (ratio := ratios[tie]) is not None:
         ratios[tie] = ratio / HOME_SLACK  # the conversation's history is there: see HOME_SLACK
-    closest_miss = min((r for r in ratios.values() if r is not None and r > 1), default=1.0)
-    bound = bounds(alive, predictions, NEW_BOUND if new else rules.load_bound)
-    over = over_bound(alive, bound)
+    closest_miss = min((r for r in ratios if r is not None and r > 1), default=1.0)
+    # A continuing conversation's home may hold one request more than its bound: with a few requests
+    # in flight the bound rounds to one (1.25 x 2 requests / 3 backends), and three clients on three
+    # llama-servers moved every turn whose home was serving another client.
+    bound = bounds(in_flight, [p.slots for p in preds], *((NEW_BOUND, 0) if new else (rules.load_bound, 1)))
+    over = [n + 1 > b for n, b in zip(in_flight, bound, strict=True)]
+    if all(over):
+        over = [False] * len(over)  # every one over its bound: none is (bounded loads place a key somewhere)
     w = rules.weights
+    total = (w.budget + w.cost) or 1.0
     candidates = []
-    for s in alive:
-        p, name = predictions[s.name], s.name
+    for i, (s, p) in enumerate(zip(alive, preds, strict=True)):
         terms = {
-            "budget": budget_term(ratios[name], times[name][1], fastest, closest_miss),
-            "cost": cheapest / cost[name] if cost[name] > 0 else 1.0,
-            "home": 1.0 if name == tie else 0.0,
-            "last_resort": 1.0 if name in probing else 0.0,
+            "budget": budget_term(ratios[i], times[i][1], fastest, closest_miss),
+            "cost": cheapest / cost[i] if cost[i] > 0 else 1.0,
+            "home": 1.0 if i == tie else 0.0,
+            "last_resort": 1.0 if names[i] in probing else 0.0,
         }
-        score = (w.budget * terms["budget"] + w.cost * terms["cost"]) / ((w.budget + w.cost) or 1.0)
-        met = meets(times[name], p, f) or (name == tie and not new and (ratios[name] or 0.0) <= 1)
-        saved_gpu = prefill_ms(model, s, f.prompt_tokens) - prefill_ms(model, s, f.prompt_tokens - p.cached_tokens)
+        score = (w.budget * terms["budget"] + w.cost * terms["cost"]) / total
+        met = meets(times[i], p, f) or (i == tie and not new and (ratios[i] or 0.0) <= 1)
+        saved = prefill_ms(model, s, p.cached_tokens) if p.cached_tokens else 0.0  # prefill is linear in tokens
+        # Positional (saved_ms, saved_gpu_ms, capacity_ms, in_flight, bound, over_bound): keywords cost
+        # a microsecond per candidate on every request.
         candidates.append(
             Candidate(
-                name, round(score, 6), p, met, terms, saved_ms=saved_gpu * s.observed.ttft_ratio,
-                saved_gpu_ms=saved_gpu, capacity_ms=times[name][0] - p.ttft_ms, in_flight=s.running + s.waiting,
-                bound=bound[name], over_bound=name in over,
+                names[i], round(score, 6), p, met, terms, saved * s.observed.ttft_ratio, saved, extra[i],
+                in_flight[i], bound[i], over[i],
             )
         )  # fmt: skip
     # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its

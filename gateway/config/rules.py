@@ -119,8 +119,9 @@ class PrefixConfig(Frozen):
     four of vLLM's blocks; every replica must use the same size."""
     load_bound: float = Field(default=1.25, ge=1.0, le=10.0)
     """Bounded loads: a backend whose requests in flight, this one included, would pass this multiple
-    of its fair share (the fleet's in-flight requests divided by slots) ranks after those within
-    theirs, whatever its cache holds, unless every backend would pass it (1: strictly even)."""
+    of its fair share (the fleet's in-flight requests shared by slots, rounded up; one more for the
+    backend holding the conversation) ranks after those within theirs, whatever its cache holds,
+    unless every backend would pass it (1: as even as whole requests allow)."""
     share: bool = False
     """Replicas tell each other where they sent each prompt's blocks, through ``redis.url``'s pub/sub,
     so a conversation whose turns reach different replicas still finds its history."""

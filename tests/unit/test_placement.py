@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from routing.catalog import GPUS
 from routing.explain import render, to_dict
 from routing.policy import choose
-from routing.types import BackendState, FleetSnapshot, Rules
+from routing.types import BackendState, FleetSnapshot, ModelSpec, Rules
 from tests.unit.test_prefix import LLAMA_8B, _holding, chat, feats, state
 
+TINY = ModelSpec("llama-8b", 0.5, 2, 32768, 12288)
+"""A 0.5B model: prefill is cheap, so the time a hit saves is small beside a shared batch."""
 MANUAL = "Summarise this manual: " + "The pump must be primed before use. " * 600
 
 
@@ -25,8 +28,8 @@ def _fleet(*states: BackendState) -> FleetSnapshot:
 def test_a_conversation_stays_home_while_its_cached_prefill_saves_more_than_the_queue_there_costs() -> None:
     history, turn = _turn()
     f = feats(turn)
-    # Another conversation's request is running at home, the other backend is idle: the load term
-    # (weight 1.5 against an affinity of 0.1) moved this turn away from its ~7,000 cached tokens.
+    # Another conversation's request is running at home, the other backend is idle: the ~5,700 cached
+    # tokens save more time than sharing the batch costs, so the turn stays.
     home = state("home", running=1, prefix=_holding(history))
     decision = choose(f, _fleet(state("cold"), home), Rules())
     first, cold = decision.candidates
@@ -70,13 +73,14 @@ def test_bounded_load_caps_a_hot_home() -> None:
     fleet = _fleet(hot, state("b", running=5), state("c", running=5))
     # Unbounded, the cached history wins: slots are free everywhere, nothing queues.
     assert choose(f, fleet, Rules(load_bound=10.0)).candidates[0].backend == "hot"
-    # 41 in flight with this one, a fair share of 13.7 each: at most 18 on one backend.
+    # 41 in flight with this one, a fair share of 13.7 each: at most 18 on one backend, and one more
+    # for a conversation's home.
     decision = choose(f, fleet, Rules())
     hot_c = next(c for c in decision.candidates if c.backend == "hot")
     assert decision.candidates[0].backend in ("b", "c")
-    assert hot_c.over_bound and hot_c.bound == 18 and hot_c.in_flight == 30 and hot_c.saved_ms > 0
+    assert hot_c.over_bound and hot_c.bound == 19 and hot_c.in_flight == 30 and hot_c.saved_ms > 0
     assert to_dict(decision, f, Rules())["candidates"][-1]["over_bound"] is True
-    assert "31/18!" in render(decision, f, fleet, Rules())
+    assert "31/19!" in render(decision, f, fleet, Rules())
     # every backend over its bound: none is
     crowded = _fleet(hot, state("b", running=30), state("c", running=30))
     assert choose(f, crowded, Rules()).candidates[0].backend == "hot"
@@ -102,3 +106,30 @@ def test_three_concurrent_sessions_on_three_idle_backends_spread_one_per_backend
             sessions[i] = [*messages, answer, {"role": "user", "content": "More?"}]
     assert sorted(w[0] for w in where.values()) == ["a", "b", "c"]
     assert all(len(set(w)) == 1 for w in where.values()), where
+
+
+def _llama_server(name: str, running: int, prefix: object = None) -> BackendState:
+    """A CPU llama-server with four slots and a small model (prefill in tens of ms per 1,000 tokens)."""
+    s = state(name, running=running, prefix=prefix)  # type: ignore[arg-type]
+    profile = replace(s.profile, engine="llama_server", gpu=GPUS["CPU"], memory_gb=16.0, max_concurrency=4)
+    return replace(s, profile=profile, running=running)
+
+
+def test_a_few_requests_in_flight_never_force_a_conversation_off_its_cache() -> None:
+    # Three concurrent clients on three llama-servers: a turn whose home serves another client's
+    # request, the other backends idle or serving one. The load term sent these turns away (reuse
+    # 1.00x round robin's); a bound without a spare request rounds to one and would as well.
+    history = chat("Task: " + "call the tools in turn and report what they return. " * 10)
+    f = feats([*history, {"role": "assistant", "content": "ok " * 50}, {"role": "user", "content": "Next?"}])
+    for at_home, elsewhere in ((1, 0), (2, 0), (1, 1)):
+        fleet = FleetSnapshot(
+            (
+                _llama_server("home", at_home, _holding(history)),
+                _llama_server("b", elsewhere),
+                _llama_server("c", 0),
+            ),
+            {"llama-8b": TINY},
+        )
+        decision = choose(f, fleet, Rules())
+        assert decision.candidates[0].backend == "home", (at_home, elsewhere, decision.candidates)
+        assert not decision.candidates[0].over_bound
