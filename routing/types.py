@@ -229,12 +229,12 @@ class Rules:
     mode: Mode = Mode.BEST_EFFORT
     hedging: bool = False
     weights: Weights = field(default_factory=Weights)
-    load_bound: float = 1.25
-    """Bounded loads: no backend takes more than this multiple of its fair share (by slots) of the
-    requests in flight unless every one would (``routing.prefix.load_bound``)."""
     max_queue_wait_ms: float = float("inf")
     """Admission control: a backend predicted to queue a request longer than this (scaled by the
     request's priority) does not take it; when none can, the request is shed with Retry-After."""
+    load_bound: float = 1.25
+    """Bounded loads: no backend takes more than this multiple of its fair share (by slots) of the
+    requests in flight unless every one would (``routing.prefix.load_bound``)."""
     splits: bool = field(init=False, default=False)
     """Some rule splits its traffic (``Rule.split``): without, routing skips the arm choice."""
 
