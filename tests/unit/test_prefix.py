@@ -13,6 +13,7 @@ from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.estimator import kv_capacity_tokens, predict
 from routing.explain import render, to_dict
 from routing.features import features
+from routing.placement import HOME_SLACK
 from routing.policy import choose
 from routing.prefix import BLOCK_BYTES, MIN_CAPACITY_TOKENS, PrefixIndex, chain, rendered
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Reason, Rules
@@ -229,7 +230,7 @@ def test_saturated_backends_are_still_told_apart_by_load() -> None:
     assert decision.candidates[0].backend == "b"
 
 
-def test_a_conversation_stays_with_its_history_while_predicted_within_twice_its_budget() -> None:
+def test_a_conversation_stays_with_its_history_while_predicted_within_its_slack() -> None:
     history = chat("Summarise this manual: " + "The pump must be primed before use. " * 600)
     turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
     held = _holding(history)
@@ -243,8 +244,8 @@ def test_a_conversation_stays_with_its_history_while_predicted_within_twice_its_
     cold = next(c for c in decision.candidates if c.backend == "cold")
     assert cold.prediction.ttft_ms < budgeted.ttft_budget_ms  # the cold backend would meet it
     assert decision.candidates[0].backend == "warm" and decision.candidates[0].meets_budget
-    # predicted beyond twice the budget there, it moves
-    hopeless_home = replace(f, ttft_budget_ms=warm_ttft * 0.45)
+    # predicted beyond HOME_SLACK times the budget there, it moves
+    hopeless_home = replace(f, ttft_budget_ms=warm_ttft / (HOME_SLACK * 1.1))
     moved = choose(hopeless_home, snapshot, Rules())
     assert next(c for c in moved.candidates if c.backend == "cold").prediction.ttft_ms < hopeless_home.ttft_budget_ms
     assert moved.candidates[0].backend == "cold"
