@@ -9,7 +9,7 @@ from routing import fallback
 from routing.policy import with_rule_defaults
 from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
 
-TERMS = ("budget", "cost", "load", "affinity")
+TERMS = ("budget", "cost")
 """The weighted terms of a candidate's score (``routing.weights``), in the table's order."""
 
 
@@ -57,6 +57,13 @@ def to_dict(decision: Decision, features: RequestFeatures, rules: Rules | None =
                 "e2e_ms": round(c.prediction.e2e_ms, 3),
                 "queue_ms": round(c.prediction.queue_ms, 3),
                 "cached_tokens": c.prediction.cached_tokens,
+                "cache_saves_ms": round(c.saved_ms, 3),
+                "cache_saves_gpu_ms": round(c.saved_gpu_ms, 3),
+                "capacity_ms": round(c.capacity_ms, 3),
+                "in_flight": c.in_flight,
+                "load_bound": c.bound,
+                "over_bound": c.over_bound,
+                "home": bool(c.terms.get("home")),
                 "terms": {k: round(v, 4) for k, v in c.terms.items()},
             }
             for i, c in enumerate(decision.candidates)
@@ -66,6 +73,7 @@ def to_dict(decision: Decision, features: RequestFeatures, rules: Rules | None =
     if rules is not None:
         doc["budget"] = applied_budget(features, decision, rules)
         doc["weights"] = {t: getattr(rules.weights, t) for t in TERMS}
+        doc["load_bound"] = rules.load_bound
     return doc
 
 
@@ -92,8 +100,8 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         "",
     ]
     header = (
-        "#", "backend", "engine", "hardware", "cached", "ttft ms", "tpot ms", "e2e ms", "queue ms", "meets", *TERMS,
-        "score",
+        "#", "backend", "engine", "hardware", "cached", "saves ms", "saves GPU-ms", "load/bound", "home", "ttft ms",
+        "tpot ms", "e2e ms", "queue ms", "meets", *TERMS, "score",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
     for i, c in enumerate(decision.candidates, start=1):
@@ -106,6 +114,10 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
                 p.engine,
                 hardware,
                 str(c.prediction.cached_tokens),
+                f"{c.saved_ms:.1f}",
+                f"{c.saved_gpu_ms:.1f}",
+                f"{c.in_flight + 1}/{c.bound}" + ("!" if c.over_bound else ""),
+                "yes" if c.terms.get("home") else "no",
                 f"{c.prediction.ttft_ms:.1f}",
                 f"{c.prediction.tpot_ms:.2f}",
                 f"{c.prediction.e2e_ms:.0f}",
@@ -125,8 +137,14 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
     if rules is not None and decision.candidates:
         w = rules.weights
         lines.append(
-            f"score = ({w.budget:g}×budget + {w.cost:g}×cost + {w.load:g}×load + {w.affinity:g}×affinity) / "
-            f"{w.budget + w.cost + w.load + w.affinity:g} (routing.weights); each term 0..1, higher is better"
+            f"score = ({w.budget:g}×budget + {w.cost:g}×cost) / {w.budget + w.cost:g} (routing.weights); each term "
+            "0..1, higher is better; the budget is judged on the predicted times plus the GPU time a backend "
+            "takes beyond the least costly one, scaled by how busy the fleet is"
+        )
+        lines.append(
+            f"ranked: meeting the budget, the rule's preference, within the load bound (load/bound: requests in "
+            f"flight with this one / at most {rules.load_bound:g}x the fair share, routing.prefix.load_bound; "
+            "! over it), score, then the conversation's home"
         )
     if decision.excluded:
         lines.append("")

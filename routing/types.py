@@ -164,15 +164,9 @@ class Weights:
 
     budget: float = 1.0
     cost: float = 0.2
-    load: float = 1.5
-    """Free capacity relative to the least loaded candidate. Heavier than cost: on a saturated fleet
-    an even load is what keeps queues short (simulated: 0.2 let in-flight counts drift 38 apart
-    between six identical backends at the median, 1.5 keeps them within 4)."""
-    affinity: float = 0.1
-    """Stickiness: the bonus of the backend holding this conversation's own history (its cache
-    beyond the shared preamble), else, for a new conversation, of the least busy backend. Cached
-    tokens themselves count in the predictions, not here; this keeps a conversation in one place
-    when the predictions are about even."""
+    """The price of the capacity the request takes (``cost_per_hour`` times its GPU time). Load and
+    cache affinity have no weight: queues and cached prefill are in the predicted times, the capacity
+    a cache miss costs a busy fleet is added to them, and balance comes from ``Rules.load_bound``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +232,9 @@ class Rules:
     max_queue_wait_ms: float = float("inf")
     """Admission control: a backend predicted to queue a request longer than this (scaled by the
     request's priority) does not take it; when none can, the request is shed with Retry-After."""
+    load_bound: float = 1.25
+    """Bounded loads: no backend takes more than this multiple of its fair share (by slots) of the
+    requests in flight unless every one would (``routing.prefix.load_bound``)."""
     splits: bool = field(init=False, default=False)
     """Some rule splits its traffic (``Rule.split``): without, routing skips the arm choice."""
 
@@ -287,6 +284,19 @@ class Candidate:
     meets_budget: bool
     terms: dict[str, float] = field(default_factory=dict)
     """Each score term before weighting, for explanations."""
+    saved_ms: float = 0.0
+    """How much sooner the first token comes here for the prompt tokens expected cached."""
+    saved_gpu_ms: float = 0.0
+    """GPU time those cached tokens save the backend: the prefill it does not do."""
+    capacity_ms: float = 0.0
+    """Added to its predicted times for ranking: the GPU time it takes beyond the least costly
+    candidate, scaled by how busy the fleet is (the delay that work causes the others)."""
+    in_flight: int = 0
+    """Requests running and waiting there before this one."""
+    bound: int = 0
+    """The most requests it may have in flight with this one (bounded loads)."""
+    over_bound: bool = False
+    """This request would take it over its bound (while another backend stays within its own)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ files exist, and raises ``ConfigError`` listing every problem as
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from gateway.config.engines import ENGINES
 from gateway.config.models import ModelConfig
 from gateway.config.schema import GatewayConfig
 from gateway.strict import PATTERN_MEANINGS
+
+log = logging.getLogger("enginegate.config")
 
 
 @dataclass(frozen=True)
@@ -183,4 +186,17 @@ def load_config(path: str | Path, ggufs: GgufCache | None = None) -> LoadedConfi
             problems.append(f"{path}:{_line(lines, loc)}: {_dotted(loc)}: no such file: {loaded.resolve(m.gguf)}")
     if problems:
         raise ConfigError(problems)
+    for line in retired(loaded):
+        log.warning("%s", line)
     return loaded
+
+
+def retired(loaded: LoadedConfig) -> list[str]:
+    """``FILE:LINE: path: ...`` for each key that is accepted but no longer used."""
+    weights = loaded.config.routing.weights
+    why = "no longer used: queueing and cached prefill are in the predicted times; see routing.prefix.load_bound"
+    return [
+        f"{loaded.where('routing', 'weights', name)}: {why}"
+        for name in ("load", "affinity")
+        if getattr(weights, name) is not None
+    ]

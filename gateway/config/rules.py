@@ -95,10 +95,12 @@ class WeightsConfig(Frozen):
     """Weight of meeting the request's latency budgets (the predicted time against the budget)."""
     cost: float = Field(default=0.2, ge=0)
     """Weight of the price of the capacity the request takes (``cost_per_hour`` times its predicted work)."""
-    load: float = Field(default=1.5, ge=0)
-    """Weight of how busy the backend is (its share of slots in use) against the least busy."""
-    affinity: float = Field(default=0.1, ge=0)
-    """Weight of keeping a conversation on the backend that holds its prefix (its KV cache)."""
+    load: float | None = Field(default=None, ge=0)
+    """No longer used (accepted, with a warning, so older configs load): queueing is in the predicted
+    times and balance comes from ``routing.prefix.load_bound``."""
+    affinity: float | None = Field(default=None, ge=0)
+    """No longer used (accepted, with a warning, so older configs load): the time and GPU work a
+    backend's cached prompt tokens save are in its predicted times."""
 
 
 class BreakerConfig(Frozen):
@@ -115,6 +117,11 @@ class PrefixConfig(Frozen):
     """Prompt blocks the prefix index keeps per backend, in tokens (cut as ``4 x block_tokens`` bytes
     of the prompt's text: the gateway tokenizes nothing for them). 64 is TensorRT-LLM's KV page and
     four of vLLM's blocks; every replica must use the same size."""
+    load_bound: float = Field(default=1.25, ge=1.0, le=10.0)
+    """Bounded loads: a backend whose requests in flight, this one included, would pass this multiple
+    of its fair share (the fleet's in-flight requests shared by slots, rounded up; one more for the
+    backend holding the conversation) ranks after those within theirs, whatever its cache holds,
+    unless every backend would pass it (1: as even as whole requests allow)."""
     share: bool = False
     """Replicas tell each other where they sent each prompt's blocks, through ``redis.url``'s pub/sub,
     so a conversation whose turns reach different replicas still finds its history."""

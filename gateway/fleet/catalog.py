@@ -226,7 +226,8 @@ def rules(loaded: LoadedConfig) -> Rules:
         max_attempts=r.max_attempts,
         mode=Mode(r.mode),
         hedging=r.hedging,
-        weights=Weights(w.budget, w.cost, w.load, w.affinity),
+        weights=Weights(w.budget, w.cost),
+        load_bound=r.prefix.load_bound,
         max_queue_wait_ms=r.max_queue_wait_s * 1000,
     )
 

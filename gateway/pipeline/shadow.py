@@ -34,7 +34,7 @@ from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bo
 from gateway.pipeline.surfaces import Answer, UsageTotal
 from gateway.telemetry.shadow_pairs import COMPARED_CHARS, PairInfo, Side, capacity_cost, comparison
 from routing.policy import choose, with_rule_defaults
-from routing.types import Decision, FleetSnapshot, Mode, RequestFeatures, Rule, Rules
+from routing.types import Decision, FleetSnapshot, Mode, RequestFeatures, Rule
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
@@ -279,7 +279,8 @@ async def _candidate(
     """Route and send the mirrored request and read its answer to the end; None when no backend takes it."""
     model = plan.to if plan.to in rt.model_names else work.gen.model
     require = () if model != work.gen.model else (plan.to,)
-    rules = Rules((_rule(rule, require),), 1, Mode.BEST_EFFORT, False, rt.rules.weights, rt.rules.max_queue_wait_ms)
+    # The gateway's own routing settings (weights, admission, load bound) with only the shadow's rule.
+    rules = replace(rt.rules, rules=(_rule(rule, require),), max_attempts=1, mode=Mode.BEST_EFFORT, hedging=False)
     decision = choose(replace(feats, model=model) if model != feats.model else feats, snapshot, rules)
     if not decision.candidates:
         state.shadows.dropped(rule.name, plan.to, "no_backend")

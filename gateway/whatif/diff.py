@@ -20,7 +20,7 @@ from pydantic_core import to_jsonable_python
 @dataclass(frozen=True, slots=True)
 class Change:
     path: str
-    """Where, as the config reference names it: ``backends[vllm-a].cost_per_hour``, ``routing.weights.load``."""
+    """Where, as the config reference names it: ``backends[vllm-a].cost_per_hour``, ``routing.prefix.load_bound``."""
     kind: str
     """``added``, ``removed``, ``changed`` or ``reordered``."""
     old: Any = None

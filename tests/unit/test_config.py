@@ -112,3 +112,23 @@ backends: [{name: v, engine: vllm, url: "http://v:8000", model: m, kv_events: {e
 """
     assert any("backends[0].kv_events: model 'm' has no gguf" in p for p in problems(text))
     assert any("kv_events.endpoint" in p for p in problems(text.replace("tcp://v:5557", "http://v")))
+
+
+def test_the_load_bound_reaches_routing_and_retired_weights_load_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gateway.state import Runtime
+
+    assert any("routing.prefix.load_bound" in p for p in problems(GOOD + "routing: {prefix: {load_bound: 0.5}}\n"))
+    path = write_config(tmp_path / "f.yaml", GOOD + "routing:\n  prefix: {load_bound: 1.5}\n  weights: {load: 0.2}\n")
+    with caplog.at_level("WARNING", logger="enginegate.config"):
+        loaded = load_config(path)
+    assert Runtime.of(loaded).rules.load_bound == 1.5
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}:11: routing.weights.load: no longer used: queueing and cached prefill are in the predicted "
+        "times; see routing.prefix.load_bound"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="enginegate.config"):
+        assert Runtime.of(load_config(write_config(tmp_path / "g.yaml", GOOD))).rules.load_bound == 1.25
+    assert not caplog.records

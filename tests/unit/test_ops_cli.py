@@ -74,11 +74,14 @@ def test_explain_shows_each_term_of_the_score(fleet: Path, capsys: pytest.Captur
     assert main(explain(fleet, "--model", "llama-8b", "--prompt-tokens", "2000")) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("#"))
-    assert header.split()[-5:] == ["budget", "cost", "load", "affinity", "score"]
-    assert "score = (1×budget + 0.2×cost + 1.5×load + 0.1×affinity) / 2.8" in out
+    assert header.split()[-3:] == ["budget", "cost", "score"]
+    assert "cached  saves ms  saves GPU-ms  load/bound  home" in header
+    assert "score = (1×budget + 0.2×cost) / 1.2 (routing.weights)" in out
+    assert "routing.prefix.load_bound" in out and "at most 1.25x the fair share" in out
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line[:1].isdigit()}
-    # a and b are the same hardware: the terms say what tells them apart (the request's home backend)
-    assert {rows["a"][-2], rows["b"][-2]} == {"1.000", "0.000"}
+    # a and b are the same hardware: the home (the rendezvous of the request's opening) tells them apart
+    assert {rows["a"][9], rows["b"][9]} == {"yes", "no"}
+    assert rows["a"][8] == "1/1" and rows["a"][5:8] == ["0", "0.0", "0.0"]
 
 
 def test_explain_says_which_budget_applied_and_where_it_came_from(
@@ -99,7 +102,11 @@ def test_explain_json_is_the_admin_document(fleet: Path, capsys: pytest.CaptureF
     assert doc["budget"]["ttft_ms"] == {"value": 800, "source": "rule chat default"}
     assert doc["budget"]["latency_ms"] == {"value": None, "source": None}
     assert [c["backend"] for c in doc["candidates"]][:2] in (["a", "b"], ["b", "a"])
-    assert set(doc["candidates"][0]["terms"]) >= {"budget", "cost", "load", "affinity"}
+    assert set(doc["candidates"][0]["terms"]) >= {"budget", "cost"} and doc["load_bound"] == 1.25
+    first = doc["candidates"][0]
+    assert {k: first[k] for k in ("cache_saves_ms", "cache_saves_gpu_ms", "in_flight", "load_bound")} == {
+        "cache_saves_ms": 0.0, "cache_saves_gpu_ms": 0.0, "in_flight": 0, "load_bound": 1,
+    }  # fmt: skip
 
 
 def test_explain_exits_non_zero_when_nothing_fits(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:

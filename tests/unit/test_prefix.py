@@ -13,6 +13,7 @@ from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.estimator import kv_capacity_tokens, predict
 from routing.explain import render, to_dict
 from routing.features import features
+from routing.placement import HOME_SLACK
 from routing.policy import choose
 from routing.prefix import BLOCK_BYTES, MIN_CAPACITY_TOKENS, PrefixIndex, chain, rendered
 from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Reason, Rules
@@ -196,7 +197,8 @@ def test_a_hopeless_request_takes_the_backend_where_its_prompt_costs_least_work(
     turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
     f = replace(feats(turn), ttft_budget_ms=1)
     warm = replace(state("warm", running=64, prefix=_holding(history)), waiting=8)
-    snapshot = FleetSnapshot((state("cold"), warm), {"llama-8b": LLAMA_8B})
+    # as busy as each other: the load bound does not decide (see test_placement.py)
+    snapshot = FleetSnapshot((replace(state("cold", running=64), waiting=8), warm), {"llama-8b": LLAMA_8B})
     decision = choose(f, snapshot, Rules())
     assert decision.reason is Reason.BEST_EFFORT
     first = decision.candidates[0]
@@ -211,7 +213,7 @@ def test_a_new_conversation_goes_to_the_least_busy_backend_with_caches_full_ever
     snapshot = FleetSnapshot((full[0], full[1], quiet, full[3]), {"llama-8b": LLAMA_8B})
     for i in range(20):
         decision = choose(feats(chat(f"Question number {i}?")), snapshot, Rules())
-        assert [c.backend for c in decision.candidates if c.terms["affinity"]] == ["b2"]
+        assert [c.backend for c in decision.candidates if c.terms["home"]] == ["b2"]
         assert decision.candidates[0].backend == "b2"
     # equal loads: the rendezvous order breaks the tie, the same from every replica
     even = FleetSnapshot(tuple(full), {"llama-8b": LLAMA_8B})
@@ -223,12 +225,12 @@ def test_saturated_backends_are_still_told_apart_by_load() -> None:
     # 1 - used/slots flattened to 0 once requests outnumbered slots: 300 and 100 in flight looked alike.
     a, b = state("a", running=300), state("b", running=100)
     decision = choose(feats(chat("hello")), FleetSnapshot((a, b), {"llama-8b": LLAMA_8B}), Rules())
-    terms = {c.backend: c.terms["load"] for c in decision.candidates}
-    assert terms["b"] == 1.0 and 0 < terms["a"] < 0.75
+    bounded = {c.backend: (c.in_flight, c.over_bound) for c in decision.candidates}
+    assert bounded == {"a": (300, True), "b": (100, False)}
     assert decision.candidates[0].backend == "b"
 
 
-def test_a_conversation_stays_with_its_history_while_predicted_within_twice_its_budget() -> None:
+def test_a_conversation_stays_with_its_history_while_predicted_within_its_slack() -> None:
     history = chat("Summarise this manual: " + "The pump must be primed before use. " * 600)
     turn = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And the valves?"}]
     held = _holding(history)
@@ -242,8 +244,8 @@ def test_a_conversation_stays_with_its_history_while_predicted_within_twice_its_
     cold = next(c for c in decision.candidates if c.backend == "cold")
     assert cold.prediction.ttft_ms < budgeted.ttft_budget_ms  # the cold backend would meet it
     assert decision.candidates[0].backend == "warm" and decision.candidates[0].meets_budget
-    # predicted beyond twice the budget there, it moves
-    hopeless_home = replace(f, ttft_budget_ms=warm_ttft * 0.45)
+    # predicted beyond HOME_SLACK times the budget there, it moves
+    hopeless_home = replace(f, ttft_budget_ms=warm_ttft / (HOME_SLACK * 1.1))
     moved = choose(hopeless_home, snapshot, Rules())
     assert next(c for c in moved.candidates if c.backend == "cold").prediction.ttft_ms < hopeless_home.ttft_budget_ms
     assert moved.candidates[0].backend == "cold"
