@@ -58,6 +58,8 @@ class RequestLife:
         self.entry: Entry | None = None
         self.ttft_s = 0.0
         self.first_at = 0.0
+        self.at_once = False
+        """The answer came whole at once: ``ttft_s`` is the time to all of it."""
         self.failures: list[tuple[str, BackendError]] = []
         self.attempts = 0
         self.fallbacks = 0
@@ -185,6 +187,7 @@ class RequestLife:
         self.entry = entry
         self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started
+        self.at_once = committed.at_once
         self.state.metrics.attempt(entry.name, "ok")
         self.ex.header("x-enginegate-model", self.model)  # the model that answers (an alias's, a fallback)
         if self.trace is not None:  # a stream's rest passes through the trace, which counts its chunks
@@ -228,13 +231,18 @@ class RequestLife:
         if not self._open():
             return
         tokens = usage.completion_tokens if usage else 0
-        tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
+        candidates = self.decision.candidates if self.decision is not None else ()
+        prediction = next((c.prediction for c in candidates if c.backend == entry.name), None)
+        predicted = prediction.prior_ttft_ms if prediction is not None else None
+        ttft_ms, tpot_s = self.ttft_s * 1000, None
+        if self.at_once:
+            # A whole answer's time is its prefill and every token's: what is learned as its time to first
+            # token is what that leaves at the pace routing predicted (no pace of its own is seen).
+            pace_ms = prediction.tpot_ms if prediction is not None else 0.0
+            ttft_ms = max(0.0, ttft_ms - max(0, tokens - 1) * pace_ms)
+        elif tokens > 1:
+            tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1)
         self._tpot_s = tpot_s
-        decision = self.decision
-        predicted = None
-        if decision is not None:
-            predicted = next((c.prediction.prior_ttft_ms for c in decision.candidates if c.backend == entry.name), None)
-        ttft_ms = self.ttft_s * 1000
         self.state.fleet.accounts.succeeded(
             entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000,
             usage.completion_tokens if usage is not None and not cancelled else None,
@@ -243,7 +251,8 @@ class RequestLife:
             self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
             self.state.metrics.answered(
-                self.route, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,
+                self.route, self.model, entry.name, time.perf_counter() - self.started,
+                None if self.at_once else self.ttft_s, tpot_s,
                 usage.prompt_tokens, usage.completion_tokens,
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)
