@@ -36,6 +36,12 @@ HELLO: Any = [{"role": "user", "content": "Hello"}]
 class Fleet:
     base: str
     engines: list[FakeVLLM]
+    app: Any = None
+
+    def learned(self) -> dict[str, tuple[int, float | None]]:
+        """Per backend: answers the estimator learned from, and the per-token pace it learned."""
+        entries = self.app.state.fleet.entries
+        return {name: (e.observed.samples, e.observed.tpot_ms) for name, e in entries.items()}
 
     def mark(self) -> list[int]:
         return [len(engine.received) for engine in self.engines]
@@ -65,8 +71,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator
             tmp_path_factory.mktemp("whole") / "c.yaml",
             f'routing: {{hedging: true}}\nmodels: [{{name: m, gguf: "{{GGUF}}"}}]\nbackends:\n{backends}\n',
         )
-        base = stack.enter_context(serve_in_thread(create_app(load_config(config))))
-        yield Fleet(base, [app.state.fake for app in apps])
+        gateway = create_app(load_config(config))
+        base = stack.enter_context(serve_in_thread(gateway))
+        yield Fleet(base, [app.state.fake for app in apps], gateway)
 
 
 def _ttft_count(base: str) -> float:
@@ -80,11 +87,14 @@ def _ttft_count(base: str) -> float:
 
 def test_a_whole_answer_is_asked_whole_and_is_the_streamed_answer(fleet: Fleet) -> None:
     client = fleet.client()
-    mark, ttfts = fleet.mark(), _ttft_count(fleet.base)
+    mark, ttfts, learned = fleet.mark(), _ttft_count(fleet.base), fleet.learned()
     whole = client.chat.completions.create(model="m", messages=HELLO, max_tokens=60, temperature=0)
     sent = fleet.sent_since(mark)
     assert [b["stream"] for b in sent] == [False] and "stream_options" not in sent[0]
     assert _ttft_count(fleet.base) == ttfts, "a whole answer's time is not a time to first token"
+    now = fleet.learned()
+    [answered] = [name for name in now if now[name][0] == learned[name][0] + 1]
+    assert now[answered][1] == learned[answered][1], "no per-token pace is learned from a whole answer"
 
     streamed = client.chat.completions.create(
         model="m", messages=HELLO, max_tokens=60, temperature=0, stream=True, stream_options={"include_usage": True}
