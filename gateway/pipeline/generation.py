@@ -31,15 +31,31 @@ if TYPE_CHECKING:
     from gateway.telemetry.tracing import RequestTrace
 
 
+LEARNING = 8
+"""Answers a backend's estimate learns from (streamed ones) before whole answers are asked whole there."""
+STREAM_EVERY = 16
+"""After that, one whole answer in this many is still streamed: a whole answer shows no time to first
+token and no pace, and the estimator keeps learning both from these (and from the clients' streams)."""
+
+
 def needs_first(state: AppState, always: bool) -> Callable[[Entry], bool]:
     """Whether an attempt of a whole answer needs its first token before the end, so that its engine
     is asked for a stream: ``always`` (hedging starts another target when a first token is late; or
-    ``routing.ask_whole`` is off), and on an engine that is queueing, which admission control gives up
-    on when the request's first token is late (neither can tell from an answer that arrives whole).
-    Any other attempt is asked whole: the engine works less, and so does the gateway."""
+    ``routing.ask_whole`` is off); on an engine that is queueing, which admission control gives up
+    on when the request's first token is late (neither can tell from an answer that arrives whole);
+    and for the estimator (``LEARNING``, ``STREAM_EVERY``). Any other attempt is asked whole: the
+    engine works less, and so does the gateway."""
     if always:
         return _always
-    return lambda target: state.fleet.queue_wait_s(target) is not None
+    queue_wait_s = state.fleet.queue_wait_s
+
+    def needs(target: Entry) -> bool:
+        if target.observed.samples < LEARNING or queue_wait_s(target) is not None:
+            return True
+        target.whole_asks += 1
+        return target.whole_asks % STREAM_EVERY == 0
+
+    return needs
 
 
 def _always(target: Entry) -> bool:
@@ -103,6 +119,9 @@ class Generation:
         self.needs_first: Callable[[Entry], bool] | None = None
         """Set by dispatch for a whole answer: whether an attempt on a target needs the answer's first
         token before its end (hedging, admission by queue wait); the engine then streams it."""
+        self.chosen_whole: set[str] = set()
+        """Targets asked for a whole answer that would have streamed it: their time to it is no time to
+        first token (a whole-only engine's is: it is when the client's first byte can leave)."""
         self._streamed: set[str] = set()
         """Targets whose attempts are asked for a stream although the answer is taken whole."""
 
@@ -195,7 +214,10 @@ class Generation:
         if gen.whole and self.needs_first is not None and self.needs_first(target):
             self._streamed.add(target.name)
             gen = replace(gen, whole=False)
-        return whole.answers_whole(gen)
+        at_once = whole.answers_whole(gen)
+        if at_once and gen.whole and not whole.answers_whole(replace(gen, whole=False)):
+            self.chosen_whole.add(target.name)
+        return at_once
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         return self._surface.answer(self._asked, self._request_id).whole(chunks)

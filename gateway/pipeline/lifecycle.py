@@ -58,8 +58,8 @@ class RequestLife:
         self.entry: Entry | None = None
         self.ttft_s = 0.0
         self.first_at = 0.0
-        self.at_once = False
-        """The answer came whole at once: ``ttft_s`` is the time to all of it."""
+        self.at_once = self.chosen_whole = False
+        """The answer came whole at once (``ttft_s`` is the time to all of it); asked so by choice."""
         self.failures: list[tuple[str, BackendError]] = []
         self.attempts = 0
         self.fallbacks = 0
@@ -182,12 +182,13 @@ class RequestLife:
             if decision.arm is not None:
                 self.ex.header("x-enginegate-arm", decision.arm)
 
-    def committed(self, committed: Committed[Entry]) -> None:
+    def committed(self, committed: Committed[Entry], chosen_whole: bool = False) -> None:
+        """``chosen_whole``: the engine was asked whole although it could stream (no time to learn from)."""
         entry = committed.target
         self.entry = entry
         self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started
-        self.at_once = committed.at_once
+        self.at_once, self.chosen_whole = committed.at_once, chosen_whole
         self.state.metrics.attempt(entry.name, "ok")
         self.ex.header("x-enginegate-model", self.model)  # the model that answers (an alias's, a fallback)
         if self.trace is not None:  # a stream's rest passes through the trace, which counts its chunks
@@ -232,27 +233,25 @@ class RequestLife:
             return
         tokens = usage.completion_tokens if usage else 0
         candidates = self.decision.candidates if self.decision is not None else ()
-        prediction = next((c.prediction for c in candidates if c.backend == entry.name), None)
-        predicted = prediction.prior_ttft_ms if prediction is not None else None
         ttft_ms, tpot_s = self.ttft_s * 1000, None
-        if self.at_once:
-            # A whole answer's time is its prefill and every token's: what is learned as its time to first
-            # token is what that leaves at the pace routing predicted (no pace of its own is seen).
-            pace_ms = prediction.tpot_ms if prediction is not None else 0.0
-            ttft_ms = max(0.0, ttft_ms - max(0, tokens - 1) * pace_ms)
+        prior = next((c.prediction.prior_ttft_ms for c in candidates if c.backend == entry.name), None)
+        if self.chosen_whole:  # no first token seen before its end: the breaker hears of it, the estimator
+            ttft_ms = -1.0  # learns from the engine's streamed answers (``generation.needs_first``)
         elif tokens > 1:
             tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1)
         self._tpot_s = tpot_s
-        self.state.fleet.accounts.succeeded(
-            entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000,
-            usage.completion_tokens if usage is not None and not cancelled else None,
-        )  # fmt: skip
+        tpot_ms = None if tpot_s is None else tpot_s * 1000
+        if ttft_ms < 0:
+            self.state.fleet.accounts.answered(entry)
+        else:
+            out = usage.completion_tokens if usage is not None and not cancelled else None
+            self.state.fleet.accounts.succeeded(entry, ttft_ms if prior is None else prior, ttft_ms, tpot_ms, out)
         if usage is not None and usage.cached_tokens is not None:
             self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
             self.state.metrics.answered(
                 self.route, self.model, entry.name, time.perf_counter() - self.started,
-                None if self.at_once else self.ttft_s, tpot_s,
+                None if self.chosen_whole else self.ttft_s, tpot_s,
                 usage.prompt_tokens, usage.completion_tokens,
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)

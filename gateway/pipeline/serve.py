@@ -95,7 +95,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         committed = await fallback.walk(chain, work, work.model, feats, attempt, measure, allowed, life)
     if work.model != asked:
         missed = None  # another model answered: not the answer stored for the model asked
-    life.committed(committed)
+    life.committed(committed, isinstance(work, Generation) and committed.target.name in work.chosen_whole)
     answer = work.events
     if answer is not None:
         # A stream's headers go out with its first token: what the gateway added up to there.

@@ -22,7 +22,7 @@ import pytest
 from backends.base import GenerationRequest
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.pipeline.generation import needs_first
+from gateway.pipeline.generation import LEARNING, STREAM_EVERY, needs_first
 from tests.conftest import write_config
 from tests.contract import fake_vllm
 from tests.contract.fake_vllm import FakeVLLM
@@ -73,7 +73,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator
         )
         gateway = create_app(load_config(config))
         base = stack.enter_context(serve_in_thread(gateway))
-        yield Fleet(base, [app.state.fake for app in apps], gateway)
+        fleet = Fleet(base, [app.state.fake for app in apps], gateway)
+        # A backend's first answers are streamed, for its estimate to learn from (``LEARNING``).
+        client = fleet.client()
+        for _ in range(LEARNING * 2 + 2):
+            mark = fleet.mark()
+            client.chat.completions.create(model="m", messages=HELLO, max_tokens=60, temperature=0)
+            if fleet.streams_since(mark) == [False]:
+                break
+        else:
+            raise AssertionError("never asked whole")
+        yield fleet
 
 
 def _ttft_count(base: str) -> float:
@@ -92,9 +102,7 @@ def test_a_whole_answer_is_asked_whole_and_is_the_streamed_answer(fleet: Fleet) 
     sent = fleet.sent_since(mark)
     assert [b["stream"] for b in sent] == [False] and "stream_options" not in sent[0]
     assert _ttft_count(fleet.base) == ttfts, "a whole answer's time is not a time to first token"
-    now = fleet.learned()
-    [answered] = [name for name in now if now[name][0] == learned[name][0] + 1]
-    assert now[answered][1] == learned[answered][1], "no per-token pace is learned from a whole answer"
+    assert fleet.learned() == learned, "nothing is learned from a whole answer (it shows no first token)"
 
     streamed = client.chat.completions.create(
         model="m", messages=HELLO, max_tokens=60, temperature=0, stream=True, stream_options={"include_usage": True}
@@ -126,11 +134,24 @@ def test_an_engine_that_is_queueing_streams_the_whole_answer() -> None:
     that is queueing, the attempt needs the first token; elsewhere the answer is asked whole."""
     queueing = {"busy": 3.0, "idle": None}
     state: Any = SimpleNamespace(fleet=SimpleNamespace(queue_wait_s=lambda target: queueing[target.name]))
-    target: Any = SimpleNamespace
-    busy, idle = target(name="busy"), target(name="idle")
+    learned = SimpleNamespace(samples=LEARNING)
+    busy: Any = SimpleNamespace(name="busy", observed=learned, whole_asks=0)
+    idle: Any = SimpleNamespace(name="idle", observed=learned, whole_asks=0)
     assert (needs_first(state, False)(busy), needs_first(state, False)(idle)) == (True, False)
     assert (needs_first(state, True)(busy), needs_first(state, True)(idle)) == (True, True)
     assert GenerationRequest("r", "m").whole is False, "an adapter driven directly streams unless told"
+
+
+def test_a_backends_estimate_keeps_learning_from_streamed_whole_answers() -> None:
+    """A whole answer shows no time to first token: a backend's first ``LEARNING`` whole answers are
+    streamed, and after that every ``STREAM_EVERY``-th."""
+    state: Any = SimpleNamespace(fleet=SimpleNamespace(queue_wait_s=lambda target: None))
+    target: Any = SimpleNamespace(name="b", observed=SimpleNamespace(samples=0), whole_asks=0)
+    needs = needs_first(state, False)
+    assert needs(target) and target.whole_asks == 0
+    target.observed.samples = LEARNING
+    asked = [needs(target) for _ in range(STREAM_EVERY * 2)]
+    assert asked.count(True) == 2 and asked[STREAM_EVERY - 1] and asked[-1]
 
 
 def test_with_ask_whole_off_every_engine_streams(tmp_path: Path, cache_dir: Path) -> None:
