@@ -76,6 +76,12 @@ class GenerationRequest:
     stream: bool = False
     """The client reads the answer as it is generated: an engine that can either answer whole or stream
     (Triton's ensemble) streams it then."""
+    whole: bool = False
+    """The gateway takes this answer whole: nothing of it is needed before its end (the client asked
+    for a whole answer and the attempt needs no first token: no hedging, no admission by queue wait).
+    An engine that can answer either way (the OpenAI-compatible ones) is then asked for a whole
+    answer, which costs it and the gateway less than a stream; the gateway waits for it under the
+    whole answer's deadline (``WholeAnswers``)."""
     clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """More HTTP headers for this attempt's request to an engine reached over HTTP: the gateway's trace

@@ -170,6 +170,7 @@ class MiiOpenAIBackend(OpenAICompatBackend):
     health_path = "/health"
     metrics_path = None
     ask_usage: ClassVar[bool] = False
+    asks_whole: ClassVar[bool] = False  # its whole answers count prompt tokens its own way (the stream's are estimated)
     capabilities = OPENAI_CAPABILITIES
     end_texts = END_TEXTS  # MII decodes streamed tokens without skipping special ones
 

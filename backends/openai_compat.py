@@ -1,7 +1,9 @@
 """Engines that speak OpenAI's routes (vLLM, trtllm-serve, llama-server, TGI's Messages API, MII's server).
 
-The thin path: the request goes out nearly as the client sent it (``to_payload``), always streamed,
-and each SSE chunk becomes neutral pieces (``parse_chunk``) that ``generate`` turns into ``Chunk``s.
+The thin path: the request goes out nearly as the client sent it (``to_payload``), streamed, or whole
+when the gateway takes the answer whole (``GenerationRequest.whole``, ``asks_whole``), and each SSE
+chunk (or the whole answer) becomes neutral pieces (``parse_chunk``) that ``generate`` turns into
+``Chunk``s.
 Those two and their helpers are pure and live in ``backends/openai_wire.py``; this module is the
 adapter around them (HTTP, the stream, stop strings, errors).
 
@@ -16,7 +18,8 @@ What a subclass sets (its engine's quirks, as data and one hook):
   dropped; a key the body already has, such as ``temperature``, is replaced). It is called only
   when the request uses a capability field (``uses_fields``), so plain text requests cost what they
   always did.
-- ``ask_usage``, ``usage_per_choice``, ``trusts_event_status``, ``end_texts``: see the attributes.
+- ``ask_usage``, ``usage_per_choice``, ``trusts_event_status``, ``end_texts``, ``asks_whole``: see the
+  attributes.
 
 A subclass that builds its own body calls ``to_payload(request, served_model, capabilities,
 ask_usage)``, which writes the OpenAI form of what ``capabilities`` covers; one that reads its own
@@ -38,6 +41,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+from backends import http_errors
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob, ToolCallDelta, Usage
 from backends.capabilities import PLAIN, Capabilities
 from backends.http_base import HttpBackend
@@ -104,76 +108,107 @@ class OpenAICompatBackend(HttpBackend):
     end_texts: ClassVar[tuple[str, ...]] = ()
     """End-of-turn texts the engine streams as if they were content; cut like stop strings."""
 
+    asks_whole: ClassVar[bool] = True
+    """The engine answers ``stream: false`` with the same answer it would stream (usage included): a
+    request the gateway takes whole (``GenerationRequest.whole``) is asked whole, which costs the engine
+    and the gateway less than a stream of it. False: every request is streamed."""
+
     def engine_fields(self, request: GenerationRequest) -> dict[str, Any]:
         """The request's capability fields in the engine's own form (called only when it uses one)."""
         return openai_fields(request, self.capabilities)
 
+    def answers_whole(self, request: GenerationRequest) -> bool:
+        """``WholeAnswers``: asked whole when the gateway needs nothing of the answer before its end. With
+        ``n`` > 1 an engine that counts usage per choice (llama-server) is streamed, where its reports are
+        added up."""
+        return request.whole and self.asks_whole and (request.n == 1 or not self.usage_per_choice)
+
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         fields = self.engine_fields(request) if uses_fields(request) else {}
-        return to_payload(request, self.settings.served_model, self.capabilities, self.ask_usage, fields)
+        whole = self.answers_whole(request)
+        return to_payload(request, self.settings.served_model, self.capabilities, self.ask_usage, fields, not whole)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
-        usage: Usage | None = None
+        answer = _Answer(request, self)
+        payload = self.payload(request)
+        async with self.open_stream(request, path, payload) as response:
+            if not payload["stream"]:
+                doc = self.json_event((await self._read(response, request.clock)).decode("utf-8", "replace"))
+                if isinstance(doc, dict) and "error" in doc:  # an error in a 200 answer, as in a stream
+                    raise http_errors.from_event(self.name, doc, self.trusts_event_status)
+                if not isinstance(doc, dict):
+                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected answer {str(doc)[:200]}")
+                for chunk in answer.read([doc]):
+                    yield chunk
+            else:
+                async for batch in self.json_event_batches(request, response, self.trusts_event_status):
+                    for chunk in answer.read(batch):
+                        yield chunk
+                    if not self.ask_usage and answer.finished():
+                        break  # nothing more worth reading: closing also stops the engine
+        for chunk in answer.ends():
+            yield chunk
+
+
+class _Answer:
+    """What ``generate`` tracks of one answer while it arrives: each choice's state and the usage."""
+
+    __slots__ = ("engine", "expected", "request", "states", "stop_texts", "usage")
+
+    def __init__(self, request: GenerationRequest, engine: OpenAICompatBackend) -> None:
+        self.request, self.engine = request, engine
         # Engines stop at stop strings, but some stream a stop's first tokens before they see the rest
         # (trtllm-serve), and some stream end-of-turn text (MII, TGI's completions): text that may
         # still become a stop is held back until it is clear, per choice.
         # The client asked vLLM to keep the stop string in the answer: the engine cuts, not the gateway.
         keeps_stop = bool(request.extra) and request.extra.get("include_stop_str_in_output") is True
-        stop_texts = self.end_texts if keeps_stop else (*request.stop, *self.end_texts)
-        states: dict[int, _ChoiceState] = {}
-        expected = request.n if self.capabilities.native_n else 1
-        async with self.open_stream(request, path, self.payload(request)) as response:
-            async for batch in self.json_event_batches(request, response, self.trusts_event_status):
-                out: list[tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]]] = []
-                for doc in batch:
-                    parsed = parse_chunk(doc)
-                    if parsed.usage is not None:
-                        usage = add_usage(usage, parsed.usage) if self.usage_per_choice else parsed.usage
-                    for choice in parsed.choices:
-                        index = choice.index
-                        state = states.get(index)
-                        if state is None:
-                            state = states[index] = _ChoiceState(stop_texts)
-                        state.finish = choice.finish or state.finish
-                        if choice.stop_reason is not None:
-                            state.stop_reason = choice.stop_reason
-                        stops = state.stops
-                        if stops.stopped:  # what arrived after the stop is not the answer
-                            continue
-                        text = ""
-                        if choice.text:
-                            state.pieces += 1
-                            text = stops.feed(choice.text)
-                        logprobs = choice.logprobs
-                        if logprobs:
-                            logprobs = trimmed(logprobs, request.top_logprobs)
-                        if text or choice.tool_calls or logprobs:
-                            out.append((text, index, choice.tool_calls, logprobs))
-                last = len(out) - 1
-                for i, (text, index, calls, logprobs) in enumerate(out):  # one per event, marked as arriving together
-                    yield Chunk(text, None, None, i < last, index, calls, logprobs)
-                if (
-                    not self.ask_usage
-                    and len(states) >= expected
-                    and all(s.stops.stopped or s.finish is not None for s in states.values())
-                ):
-                    break  # nothing more worth reading: closing also stops the engine
+        self.stop_texts = engine.end_texts if keeps_stop else (*request.stop, *engine.end_texts)
+        self.states: dict[int, _ChoiceState] = {}
+        self.expected = request.n if engine.capabilities.native_n else 1
+        self.usage: Usage | None = None
+
+    def read(self, batch: list[dict[str, Any]]) -> list[Chunk]:
+        """The chunks of documents that arrived together (stream chunks, or one whole answer), each but
+        the last marked as having company (``Chunk.more``)."""
+        out: list[tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]]] = []
+        states, stop_texts, top = self.states, self.stop_texts, self.request.top_logprobs
+        for doc in batch:
+            parsed = parse_chunk(doc)
+            if parsed.usage is not None:
+                self.usage = add_usage(self.usage, parsed.usage) if self.engine.usage_per_choice else parsed.usage
+            for choice in parsed.choices:
+                piece = _read_choice(states, choice, stop_texts, top)
+                if piece is not None:
+                    out.append(piece)
+        last = len(out) - 1
+        return [Chunk(text, None, None, i < last, index, calls, lps) for i, (text, index, calls, lps) in enumerate(out)]
+
+    def finished(self) -> bool:
+        """Every choice has its finish reason (or was cut at a stop)."""
+        states = self.states
+        return len(states) >= self.expected and all(s.stops.stopped or s.finish is not None for s in states.values())
+
+    def ends(self) -> list[Chunk]:
+        """Each choice's last chunk (held text, finish reason; usage on the last), once the answer ended."""
+        request, states, expected, name = self.request, self.states, self.expected, self.engine.name
         if not states:
-            states[0] = _ChoiceState(stop_texts)
+            states[0] = _ChoiceState(self.stop_texts)
         lost = [i for i in range(expected) if i not in states] + sorted(i for i in states if not 0 <= i < expected)
         if lost:  # a choice never answered (or one never asked for): the answer is not the one asked
             what = "never answered" if lost[0] < expected else "never asked for"
-            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: choice {lost[0]} of n={expected} {what}")
+            raise BackendError(ErrorKind.PROTOCOL, f"{name}: choice {lost[0]} of n={expected} {what}")
         for state in states.values():
             if state.stops.stopped:
                 state.finish = "stop"
             if state.finish is None:
-                raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream ended without a finish reason")
+                raise BackendError(ErrorKind.PROTOCOL, f"{name}: stream ended without a finish reason")
+        usage = self.usage
         if usage is None:  # the engine never says: count streamed pieces (one a token), estimate the prompt
             pieces = sum(s.pieces for s in states.values())
             usage = Usage(estimate_tokens(message_text(request)), pieces, prompt_estimated=True)
         order = sorted(states)
+        ends = []
         for index in order:
             state = states[index]
             # Held text that starts the stop string the engine says it stopped on is not the answer.
@@ -183,10 +218,33 @@ class OpenAICompatBackend(HttpBackend):
             matched = state.stops.matched
             if matched not in request.stop:  # an end-of-turn text, not the client's stop
                 matched = named
-            yield Chunk(
-                text=tail,
-                finish_reason=state.finish,
-                usage=usage if index == order[-1] else None,
-                index=index,
-                stop_sequence=matched if state.finish == "stop" else None,
-            )
+            stop = matched if state.finish == "stop" else None
+            ends.append(Chunk(tail, state.finish, usage if index == order[-1] else None, False, index, (), (), stop))
+        return ends
+
+
+def _read_choice(
+    states: dict[int, _ChoiceState], choice: ParsedChoice, stop_texts: tuple[str, ...], top_logprobs: int
+) -> tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]] | None:
+    """One choice's piece of a chunk, its stop strings cut, into its state; None when nothing of it
+    goes to the client."""
+    index = choice.index
+    state = states.get(index)
+    if state is None:
+        state = states[index] = _ChoiceState(stop_texts)
+    state.finish = choice.finish or state.finish
+    if choice.stop_reason is not None:
+        state.stop_reason = choice.stop_reason
+    stops = state.stops
+    if stops.stopped:  # what arrived after the stop is not the answer
+        return None
+    text = ""
+    if choice.text:
+        state.pieces += 1
+        text = stops.feed(choice.text)
+    logprobs = choice.logprobs
+    if logprobs:
+        logprobs = trimmed(logprobs, top_logprobs)
+    if text or choice.tool_calls or logprobs:
+        return text, index, choice.tool_calls, logprobs
+    return None

@@ -93,10 +93,12 @@ def to_payload(
     caps: Capabilities,
     ask_usage: bool,
     fields: dict[str, Any] | None = None,
+    stream: bool = True,
 ) -> dict[str, Any]:
     """The engine's request body: ``fields`` are the capability fields in the engine's form (default:
-    ``openai_fields``); extras go out when ``caps.extras`` names them."""
-    payload: dict[str, Any] = {"model": served_model, "stream": True}
+    ``openai_fields``); extras go out when ``caps.extras`` names them. ``stream`` False asks for one
+    whole answer (read by ``parse_whole``)."""
+    payload: dict[str, Any] = {"model": served_model, "stream": stream}
     if req.messages is not None:
         payload["messages"] = req.messages
     else:
@@ -110,7 +112,7 @@ def to_payload(
         payload["stop"] = list(req.stop)
     if req.seed is not None and cap.SEED in caps.features:
         payload["seed"] = req.seed
-    if ask_usage:
+    if ask_usage and stream:  # whole answers always carry usage (and some engines refuse the option there)
         payload["stream_options"] = {"include_usage": True}
     if fields is None and uses_fields(req):
         fields = openai_fields(req, caps)
@@ -235,7 +237,11 @@ def _usage(raw: dict[str, Any], timings: Any) -> Usage:
 
 
 def parse_choice(choice: dict[str, Any]) -> ParsedChoice:
+    """One choice of a stream chunk (``delta``) or of a whole answer (``message``; completions' ``text``
+    either way): a whole answer's choice is its one and only piece."""
     delta = choice.get("delta")
+    if delta is None:
+        delta = choice.get("message")
     tool_calls: tuple[ToolCallDelta, ...] = ()
     if isinstance(delta, dict):
         text = delta.get("content") or ""
@@ -257,7 +263,7 @@ def parse_choice(choice: dict[str, Any]) -> ParsedChoice:
 
 
 def parse_chunk(doc: dict[str, Any]) -> ParsedChunk:
-    """The parts of one OpenAI stream chunk (chat or completion) that matter downstream."""
+    """The parts of one OpenAI stream chunk or whole answer (chat or completion) that matter downstream."""
     choices = doc.get("choices")
     parsed = [parse_choice(c) for c in choices] if choices else []
     raw_usage = doc.get("usage")

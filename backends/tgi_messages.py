@@ -157,6 +157,7 @@ class TgiMessagesBackend(TgiBase, OpenAICompatBackend):
     capabilities: ClassVar[Capabilities] = Capabilities(features=MESSAGES_FEATURES, max_top_logprobs=MAX_TOP_N_TOKENS)
     native_extras: ClassVar[frozenset[str]] = frozenset()
     trusts_event_status = False  # TGI writes http_status_code 422 on every chat stream error
+    asks_whole = False  # its tool calls and logprobs are rebuilt from its stream's own pieces (see the class)
     end_texts = END_TEXTS  # its completions stream ends with the end token's text
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:

@@ -6,6 +6,8 @@ process wake-ups (``benchmarks/overhead.py`` measures all of it together).
     PYTHONPATH=/path/to/other/tree python benchmarks/inprocess.py   # another checkout, same venv
     python benchmarks/inprocess.py --otlp http://127.0.0.1:4318     # tracing on, spans sent there
                                                    # (a collector, or ``python -m tests.otlp 4318``)
+    python benchmarks/inprocess.py --http          # the vLLM adapter to benchmarks/fake_engine.py over
+                                                   # loopback: the adapter's client and parser counted too
 
 Prints the best-of-five CPU microseconds per request (1,000 requests each) as JSON.
 """
@@ -38,9 +40,12 @@ from gateway.config import load_config
 REPEATS, REQUESTS, WARMUP = 5, 1000, 300
 
 
-def _app(otlp: str | None, sampling: float) -> Any:
+def _app(otlp: str | None, sampling: float, engine_url: str | None) -> Any:
     config = Path(tempfile.mkdtemp()) / "bench.yaml"
     telemetry = f"telemetry: {{otlp_endpoint: '{otlp}', sampling_ratio: {sampling}}}\n" if otlp else ""
+    if engine_url is not None:  # the config's own vLLM backend, at the fake engine
+        config.write_text(CONFIG.replace("http://127.0.0.1:9", engine_url) + telemetry)
+        return create_app(load_config(config))
     config.write_text(CONFIG + telemetry)
     return create_app(load_config(config), lambda cfg, loaded: Fast(cfg.name, cfg.model))
 
@@ -57,8 +62,16 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--otlp", metavar="URL", help="tracing on: telemetry.otlp_endpoint (default off)")
     parser.add_argument("--sampling", type=float, default=1.0, help="telemetry.sampling_ratio with --otlp")
+    parser.add_argument("--http", action="store_true", help="the vLLM adapter to benchmarks/fake_engine.py")
     args = parser.parse_args()
-    app = _app(args.otlp, args.sampling)
+    engine_url, engines = None, []
+    if args.http:
+        from benchmarks.overhead import start_fake_engine
+
+        port = 18000 + os.getpid() % 1000
+        engines = start_fake_engine(port)  # its CPU is its own process's: process_time counts only the gateway
+        engine_url = f"http://127.0.0.1:{port}"
+    app = _app(args.otlp, args.sampling, engine_url)
     task = await started(app)
     for _ in range(WARMUP):
         await _one(app, False)
@@ -80,8 +93,11 @@ async def main() -> None:
     import gateway.app
 
     tracing = {"otlp": args.otlp, "sampling": args.sampling} if args.otlp else {}
-    print(json.dumps({"tree": str(Path(gateway.app.__file__).parents[1]), **tracing, **best}))
+    mode = {"engine": "http"} if args.http else {}
+    print(json.dumps({"tree": str(Path(gateway.app.__file__).parents[1]), **tracing, **mode, **best}))
     task.cancel()
+    for proc in engines:
+        proc.terminate()
     os._exit(0)  # the fleet's poller and the app's lifespan need no orderly end here
 
 

@@ -35,7 +35,8 @@ from gateway.http.drain import attach
 from gateway.http.errors import ApiError, clip, model_not_found
 from gateway.http.exchange import ClientGone, Exchange
 from gateway.http.protocol import RECEIVED
-from gateway.pipeline.serve import Generating, serve
+from gateway.pipeline.generation import Generating
+from gateway.pipeline.serve import serve
 from gateway.pipeline.surfaces import Door
 from gateway.state import AppState
 from routing.types import Breaker, FleetSnapshot

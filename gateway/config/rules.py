@@ -147,6 +147,13 @@ class RoutingConfig(Frozen):
     hedging: bool = False
     """With a time-to-first-token budget: when the first token is late against it, the request is also
     sent to the next backend and the first to answer wins (the other is cancelled)."""
+    ask_whole: bool = True
+    """A client that does not stream gets its answer from an engine asked for a whole answer where the
+    engine can give one (vLLM, llama-server, trtllm-serve): it and the gateway work less than for a
+    stream. Such an attempt is under ``answer_timeout_s`` (no first token is seen before the end) and
+    admission by queue wait applies when it is sent (an engine queueing then, or a request that may
+    be hedged, is still asked for a stream). false: engines always stream, and a whole answer's
+    first token is watched as a stream's is."""
     weights: WeightsConfig = WeightsConfig()
     """How backends are scored: each term in [0, 1] times its weight; the weights' sum normalizes."""
     stale_after_s: float = Field(default=15.0, gt=0)

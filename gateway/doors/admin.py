@@ -34,7 +34,7 @@ from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, bad_request, clip
 from gateway.http.peers import TrustedProxies
 from gateway.http.supervisor import SUPERVISOR_ENV
-from gateway.pipeline.serve import prompt_texts
+from gateway.pipeline.generation import prompt_texts
 from gateway.state import AppState
 from gateway.strict import Strict
 from gateway.telemetry.shadow_report import summarize

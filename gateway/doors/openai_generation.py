@@ -74,6 +74,7 @@ def to_generation(
         "logit_bias": {int(k): float(v) for k, v in body.logit_bias.items()} if body.logit_bias else None,
         "user": body.user,
         "stream": bool(body.stream),
+        "whole": not body.stream,
     }
     if isinstance(body, ChatBody):
         if len(body.messages) > max_messages:

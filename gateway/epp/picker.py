@@ -28,8 +28,8 @@ from gateway.doors.openai_surface import OpenAISurface
 from gateway.epp.pool import Pool
 from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, error_for_json, model_not_found
+from gateway.pipeline.generation import prompt_texts
 from gateway.pipeline.refusals import no_candidates
-from gateway.pipeline.serve import prompt_texts
 from gateway.state import AppState
 from routing.features import InvalidHeader, features
 from routing.split import route

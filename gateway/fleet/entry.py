@@ -34,6 +34,9 @@ class Entry:
     in_flight: int = 0
     """Requests this gateway has sent there and not finished (from the attempt's start)."""
     in_flight_at_poll: int = 0
+    whole_asks: int = 0
+    """Whole answers asked of it whole (``gateway.pipeline.generation.needs_first``): every
+    ``STREAM_EVERY``-th is streamed, so the estimator keeps learning its times."""
     prefill_backlog: int = 0
     """Prompt tokens of those requests that have no first token yet."""
     drained: asyncio.Event | None = None

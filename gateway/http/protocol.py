@@ -26,6 +26,7 @@ from uvicorn.server import ServerState
 
 from gateway.config import GatewayConfig, ServerConfig
 from gateway.http.bodies import json_post, yaml_post
+from gateway.http.coalesce import HeadWithBody
 from gateway.http.errors import ApiError
 from gateway.http.limits import HEALTH_ROOM, Limits, host_name
 
@@ -297,8 +298,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.since = time.perf_counter()
         self._body_bytes = 0
         super().on_headers_complete()
-        if (self._overflow or self.guard.draining) and self.cycle is not None:
-            self.cycle.keep_alive = False  # draining: clients reconnect, elsewhere once /readyz has told
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.transport = HeadWithBody(self.transport)  # type: ignore[assignment]
+            if self._overflow or self.guard.draining:
+                cycle.keep_alive = False  # draining: clients reconnect, elsewhere once /readyz has told
 
     def _check(self) -> ApiError | None:
         """The cheap checks of a complete head; None when it may go on."""

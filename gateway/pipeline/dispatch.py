@@ -118,6 +118,9 @@ class Committed(Generic[T]):
     first: list[Chunk]
     """Chunks up to the commit point: the whole answer when it was collected whole."""
     rest: AsyncIterator[Chunk]
+    at_once: bool = False
+    """The target answered whole at once (``Opening.at_once``): its first chunk came with the whole
+    answer, so the time to it is the answer's, not a time to first token."""
 
     @property
     def backend(self) -> str:
@@ -270,7 +273,7 @@ async def _attempt(
         tracker.failed(target, error)
         tracker.end(target, backlog)
         raise error from exc
-    return Committed(target, head, _NOTHING if whole or at_once else stream)
+    return Committed(target, head, _NOTHING if whole or at_once else stream, at_once)
 
 
 def _as_backend_error(exc: BaseException, name: str, phase: str, deadlines: Deadlines) -> BackendError | None:

@@ -58,6 +58,8 @@ class RequestLife:
         self.entry: Entry | None = None
         self.ttft_s = 0.0
         self.first_at = 0.0
+        self.at_once = self.chosen_whole = False
+        """The answer came whole at once (``ttft_s`` is the time to all of it); asked so by choice."""
         self.failures: list[tuple[str, BackendError]] = []
         self.attempts = 0
         self.fallbacks = 0
@@ -180,11 +182,13 @@ class RequestLife:
             if decision.arm is not None:
                 self.ex.header("x-enginegate-arm", decision.arm)
 
-    def committed(self, committed: Committed[Entry]) -> None:
+    def committed(self, committed: Committed[Entry], chosen_whole: bool = False) -> None:
+        """``chosen_whole``: the engine was asked whole although it could stream (no time to learn from)."""
         entry = committed.target
         self.entry = entry
         self.first_at = self._firsts.get(entry.name) or time.perf_counter()
         self.ttft_s = self.first_at - self.started
+        self.at_once, self.chosen_whole = committed.at_once, chosen_whole
         self.state.metrics.attempt(entry.name, "ok")
         self.ex.header("x-enginegate-model", self.model)  # the model that answers (an alias's, a fallback)
         if self.trace is not None:  # a stream's rest passes through the trace, which counts its chunks
@@ -228,22 +232,26 @@ class RequestLife:
         if not self._open():
             return
         tokens = usage.completion_tokens if usage else 0
-        tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1) if tokens > 1 else None
+        candidates = self.decision.candidates if self.decision is not None else ()
+        ttft_ms, tpot_s = self.ttft_s * 1000, None
+        prior = next((c.prediction.prior_ttft_ms for c in candidates if c.backend == entry.name), None)
+        if self.chosen_whole:  # no first token seen before its end: the breaker hears of it, the estimator
+            ttft_ms = -1.0  # learns from the engine's streamed answers (``generation.needs_first``)
+        elif tokens > 1:
+            tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1)
         self._tpot_s = tpot_s
-        decision = self.decision
-        predicted = None
-        if decision is not None:
-            predicted = next((c.prediction.prior_ttft_ms for c in decision.candidates if c.backend == entry.name), None)
-        ttft_ms = self.ttft_s * 1000
-        self.state.fleet.accounts.succeeded(
-            entry, predicted if predicted is not None else ttft_ms, ttft_ms, None if tpot_s is None else tpot_s * 1000,
-            usage.completion_tokens if usage is not None and not cancelled else None,
-        )  # fmt: skip
+        tpot_ms = None if tpot_s is None else tpot_s * 1000
+        if ttft_ms < 0:
+            self.state.fleet.accounts.answered(entry)
+        else:
+            out = usage.completion_tokens if usage is not None and not cancelled else None
+            self.state.fleet.accounts.succeeded(entry, ttft_ms if prior is None else prior, ttft_ms, tpot_ms, out)
         if usage is not None and usage.cached_tokens is not None:
             self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
             self.state.metrics.answered(
-                self.route, self.model, entry.name, time.perf_counter() - self.started, self.ttft_s, tpot_s,
+                self.route, self.model, entry.name, time.perf_counter() - self.started,
+                None if self.chosen_whole else self.ttft_s, tpot_s,
                 usage.prompt_tokens, usage.completion_tokens,
             )  # fmt: skip
         self._record("cancelled" if cancelled else "ok", 200, usage, None)

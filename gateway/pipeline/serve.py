@@ -13,19 +13,16 @@ for routing, generated on a target with the gateway's per-backend shaping.
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from backends.base import BackendError, Chunk, EngineClock, GenerationRequest, Usage
-from backends.capabilities import needs
+from backends.base import BackendError, Chunk
 from gateway.config import LimitsConfig
-from gateway.fleet.accounting import note_context
 from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError, error_for_json, from_backend, model_not_found
 from gateway.http.exchange import Exchange
@@ -33,19 +30,16 @@ from gateway.pipeline import cached, dispatch, fallback
 from gateway.pipeline.arms import routed
 from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.events import Events
-from gateway.pipeline.fields import check_extras, drop_unsupported
+from gateway.pipeline.generation import Generation, needs_first
 from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.shadow import mirror
-from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
-from gateway.pipeline.surfaces import Answer, Asked, Door, Surface, Work
-from routing.features import InvalidHeader, features
+from gateway.pipeline.surfaces import Answer, Door, Work
+from routing.features import InvalidHeader
 from routing.policy import priority_factor
 from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
-    from gateway.telemetry.tracing import RequestTrace
     from gateway.tenancy.gate import Tenancy
     from gateway.tenancy.keys import KeyRecord
 
@@ -101,7 +95,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         committed = await fallback.walk(chain, work, work.model, feats, attempt, measure, allowed, life)
     if work.model != asked:
         missed = None  # another model answered: not the answer stored for the model asked
-    life.committed(committed)
+    life.committed(committed, isinstance(work, Generation) and committed.target.name in work.chosen_whole)
     answer = work.events
     if answer is not None:
         # A stream's headers go out with its first token: what the gateway added up to there.
@@ -208,149 +202,13 @@ async def _dispatch(
     hedge_after = decision.hedge_after_ms / 1000 if decision.hedge_after_ms is not None else None
     targets = state.fleet.targets(c.backend for c in decision.candidates[: decision.max_attempts])
     whole = work.events is None  # an answer sent whole commits at its end
+    if whole and isinstance(work, Generation):
+        work.needs_first = needs_first(state, hedge_after is not None or not routing.ask_whole)
     try:
         return await dispatch.start(targets, work, deadlines, life, feats.prompt_tokens, whole, hedge_after)
     except BackendError as exc:
         life.engine_wait_s = work.clock.waited_s
         raise from_backend(exc) from exc
-
-
-def prompt_texts(req: GenerationRequest) -> list[str]:
-    """The texts of a request's prompt, as routing measures and matches them."""
-    if req.messages is None:
-        return [req.prompt or ""]
-    texts = []
-    for m in req.messages:
-        content = m["content"]
-        texts.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
-        for call in m.get("tool_calls") or ():
-            texts.append(call["function"]["arguments"])
-    return texts
-
-
-@dataclass(frozen=True, slots=True)
-class Generating:
-    """A generation ``Surface`` as the pipeline's door: its requests are ``Generation`` work."""
-
-    surface: Surface
-
-    @property
-    def route(self) -> str:
-        return self.surface.route
-
-    def understood(self, data: Any, rt: Runtime, request_id: str) -> Generation:
-        return Generation(self.surface, self.surface.asked(data, rt.config.limits, request_id), request_id, rt)
-
-    def error_body(self, error: ApiError) -> bytes:
-        return self.surface.error_body(error)
-
-
-class Generation:
-    """A generation request (chat, completions, Responses, Messages) as the pipeline carries it: its
-    prompt measured for routing, generated on each target with the gateway's shaping for that backend."""
-
-    def __init__(self, surface: Surface, asked: Asked, request_id: str, rt: Runtime) -> None:
-        self._surface, self._asked, self._request_id = surface, asked, request_id
-        gen = asked.gen
-        if gen.stream != asked.stream:  # a door that builds its request without the client's choice (a copy)
-            gen = replace(gen, stream=asked.stream)
-        self.gen = gen
-        self.model = self.gen.model
-        self.stream = asked.stream
-        self.events: Answer | None = surface.answer(asked, request_id) if asked.stream else None
-        self.caller = asked.caller
-        self.clock: EngineClock = self.gen.clock  # shared by every copy of the request
-        self.wanted: dict[str, str] = {}
-        self.extras: frozenset[str] = frozenset()
-        self.exact: int | None = None
-        self.cap = rt.config.limits.max_tokens
-        self.model_context = 0
-        self.prompt_tokens = 0
-        self.recount: Recount | None = None
-        self.bound = 0
-        self.trace: RequestTrace | None = None
-
-    async def features(
-        self, ex: Exchange, rt: Runtime, snapshot: FleetSnapshot, headers: Mapping[str, str]
-    ) -> RequestFeatures:
-        gen = self.gen
-        wanted = needs(gen)
-        extras = frozenset(gen.extra)
-        if (wanted or extras) and rt.config.routing.drop_unsupported:
-            gen, wanted, extras = drop_unsupported(ex, gen, wanted, extras, snapshot)
-        self.gen, self.wanted, self.extras = gen, wanted, extras
-        check_extras(gen)
-        if self.trace is not None:
-            self.trace.asked(gen)
-        exact, token_ids = await rt.measure(gen, snapshot)
-        feats = features(
-            gen.model,
-            prompt_texts(gen),
-            gen.max_tokens,
-            self.stream,
-            headers,
-            exact,
-            random.random(),
-            frozenset(wanted),
-            extras,
-            roles=[m.get("role", "") for m in gen.messages] if gen.messages is not None else None,
-            top_logprobs=gen.top_logprobs,
-            block_bytes=rt.block_bytes,
-            token_ids=token_ids,
-        )
-        spec = snapshot.models.get(gen.model)  # the model's figures as this request's snapshot has them
-        self.exact, self.prompt_tokens = exact, feats.prompt_tokens
-        self.bound = prompt_bound(gen, exact)  # the prompt as the engine will count it, erring long
-        self.model_context = spec.context if spec is not None else 0  # a model with candidates has its figures
-        counter = rt.counters.get(gen.model)
-        self.recount = Recount(exact, counter.count_text) if counter is not None else None
-        return feats
-
-    def admission(self, limits: LimitsConfig) -> tuple[int, int | None]:
-        gen = self.gen
-        return limits.max_tokens, None if self.exact is not None else len(gen.messages or ((),))  # messages: rough
-
-    def admitted(self, features: RequestFeatures) -> None:
-        if self.gen.max_tokens is None and features.max_tokens is not None:  # the key's token limit bounds the answer
-            self.gen = replace(self.gen, max_tokens=features.max_tokens)
-
-    def refusal(self, decision: Decision) -> ApiError:
-        return no_candidates(decision, self.model, self.wanted, self.extras)
-
-    def open_at(self, target: Entry) -> AsyncIterator[Chunk]:
-        request = self.gen
-        if self.trace is not None:  # the attempt's span context goes to the engine
-            request = replace(request, headers=self.trace.outgoing(target.name))
-        if request.max_tokens is not None:  # the client's: the engine's word on it is the client's answer
-            return open_answer(target.backend, target.capabilities, request, self.recount)
-        context = target.context(self.model_context)
-        return open_sized(target.backend, target.capabilities, request, self.cap, context, self.bound, self.recount)
-
-    def reopen(self, target: Entry, error: BackendError) -> AsyncIterator[Chunk] | None:
-        """The engine refused the answer length the gateway chose (``open_sized``) as too long: once more,
-        sized to what its refusal says is left; the fleet keeps the limit it named."""
-        if self.gen.max_tokens is not None:
-            return None
-        learned = partial(note_context, target, published=False, model_context=self.model_context)
-        context = target.context(self.model_context)
-        gen = self.gen if self.trace is None else replace(self.gen, headers=self.trace.outgoing(target.name))
-        request = resized(gen, self.cap, context, self.bound, error, learned)
-        return None if request is None else open_answer(target.backend, target.capabilities, request, self.recount)
-
-    def serve_as(self, model: str) -> None:
-        """A fallback (``gateway.pipeline.fallback``): the same request to ``model``, answered in its name."""
-        self._asked = replace(self._asked, gen=replace(self._asked.gen, model=model))
-        self.gen = replace(self.gen, model=model)
-        self.model = model
-        if self.events is not None:
-            self.events = self._surface.answer(self._asked, self._request_id)
-
-    def at_once(self, target: Entry) -> bool:
-        whole = target.whole
-        return whole is not None and whole.answers_whole(self.gen)
-
-    def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
-        return self._surface.answer(self._asked, self._request_id).whole(chunks)
 
 
 async def _stream(

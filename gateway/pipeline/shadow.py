@@ -43,7 +43,7 @@ log = logging.getLogger("enginegate.shadow")
 
 
 class Mirrorable(Protocol):
-    """A generation request as the pipeline carries it (``gateway.pipeline.serve.Generation``)."""
+    """A generation request as the pipeline carries it (``gateway.pipeline.generation.Generation``)."""
 
     gen: GenerationRequest
     cap: int

@@ -8,7 +8,7 @@ refusals, deadlines, dispatch with failover, metrics and logs are the same for e
 (``gateway.pipeline.serve``).
 
 The generation doors (chat, completions, Responses, Messages) share one kind of work
-(``gateway.pipeline.serve.Generation``) and differ only in a ``Surface``: its own request body into
+(``gateway.pipeline.generation.Generation``) and differ only in a ``Surface``: its own request body into
 one ``GenerationRequest``, and the answer's chunks back into its own documents and stream events.
 Embeddings bring their own (``gateway.doors.embeddings``).
 

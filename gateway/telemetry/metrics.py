@@ -327,14 +327,16 @@ class Metrics:
         model: str,
         backend: str,
         duration_s: float,
-        ttft_s: float,
+        ttft_s: float | None,
         tpot_s: float | None,
         prompt_tokens: int,
         completion_tokens: int,
     ) -> None:
+        """``ttft_s`` None: the answer came whole, with no first token seen before its end."""
         label = self.model(model)
         self._duration(route, label, backend).observe(duration_s)
-        self._ttft(label, backend).observe(ttft_s)
+        if ttft_s is not None:
+            self._ttft(label, backend).observe(ttft_s)
         if tpot_s is not None:
             self._tpot(label, backend).observe(tpot_s)
         self._prompt_tokens(label, backend).inc(prompt_tokens)

@@ -1,5 +1,7 @@
 """A fake OpenAI-compatible engine for the abuse probes: streams as long and as slowly as asked,
 and counts the streams it is running, so a test sees the engine's work stop, not the gateway's word.
+A request without ``stream: true`` is generated at the same pace and answered whole at its end, as
+OpenAI-compatible engines do (a client leaving before then still cuts it).
 
     python -m tests.abuse.engine PORT
 
@@ -33,6 +35,13 @@ def _chunk(text: str | None, finish: str | None = None, usage: dict[str, int] | 
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
+def _whole(text: str, usage: dict[str, int]) -> bytes:
+    """A whole chat answer, as an engine answers a request that does not stream."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+    doc = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice], "usage": usage}
+    return orjson.dumps(doc)
+
+
 async def _read_body(receive: Any) -> bytes:
     parts = []
     more = True
@@ -58,11 +67,15 @@ async def _stream(receive: Any, send: Any, body: dict[str, Any]) -> None:
     stats["active"] += 1
     stats["started"] += 1
     sent = 0
+    streams = bool(body.get("stream"))
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        if streams:
+            start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            await send(start)
         token = "x" * size
         while sent < tokens and not gone.is_set():
-            await send({"type": "http.response.body", "body": _chunk(token), "more_body": True})
+            if streams:
+                await send({"type": "http.response.body", "body": _chunk(token), "more_body": True})
             sent += 1
             if delay:
                 with contextlib.suppress(TimeoutError):
@@ -71,8 +84,14 @@ async def _stream(receive: Any, send: Any, body: dict[str, Any]) -> None:
                 await asyncio.sleep(0)  # let the watcher see a hang-up
         if sent == tokens:
             usage = {"prompt_tokens": 8, "completion_tokens": sent, "total_tokens": 8 + sent}
-            tail = _chunk(None, "length") + _chunk(None, usage=usage) + b"data: [DONE]\n\n"
-            await send({"type": "http.response.body", "body": tail})
+            if streams:
+                tail = _chunk(None, "length") + _chunk(None, usage=usage) + b"data: [DONE]\n\n"
+                await send({"type": "http.response.body", "body": tail})
+            else:
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+                )
+                await send({"type": "http.response.body", "body": _whole(token * sent, usage)})
     finally:
         watcher.cancel()
         stats["active"] -= 1

@@ -33,7 +33,8 @@ FakeControl.fail_next names:
   generator, so the connection drops with no error event and no [DONE]; the fake does the same. Non-streaming:
   400 BadRequestError carrying the engine's message.
 - "lost_choice": not a failure trtllm-serve is known for, a test of the adapter's ``n`` check: a streamed
-  request with ``n`` > 1 runs every sequence, but the last choice's chunks never come (nor its finish).
+  request with ``n`` > 1 runs every sequence, but the last choice's chunks never come (nor its finish); a
+  whole answer leaves the last choice out of its ``choices``.
 Also the generic faults of control.py. control.delay_s, and waiting for one of control.max_running slots, are
 spent queued (counted as waiting). healthy False, or loading True (trtllm-serve only opens
 its port once loaded), fails /health; generation is unaffected.
@@ -756,6 +757,8 @@ class _Server:
         if done is None:
             return Response()
         choices = [await out.whole(last) for out, last in zip(outputs, done, strict=True)]
+        if fault == "lost_choice" and req.n > 1:
+            choices.pop()
         kind, prefix = ("chat.completion", "chatcmpl") if chat else ("text_completion", "cmpl")
         head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": req.model}
         usage = _usage(job.prompt_tokens, sum(last.tokens for last in done))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -216,6 +217,44 @@ def test_backend_says_whether_it_answers_whole(subj: Subject) -> None:
         return whole(req(prompt="x")), whole(req(prompt="x", stream=True))
 
     assert run(subj, probe) == (not subj.streams, not subj.streams_when_asked)
+
+
+ASKED_WHOLE = {"vllm", "llama_server", "trtllm_serve"}
+"""OpenAI-compatible engines asked ``stream: false`` when the gateway takes the answer whole."""
+
+
+def test_an_answer_taken_whole_is_asked_whole_where_the_engine_can(subj: Subject) -> None:
+    async def probe(backend: Backend) -> bool:
+        return isinstance(backend, WholeAnswers) and backend.answers_whole(req(prompt="x", whole=True))
+
+    assert run(subj, probe) == (subj.name in ASKED_WHOLE or not subj.streams)
+
+
+WHOLE_CASES = {
+    "chat": {"messages": HELLO, "max_tokens": 60},
+    "length": {"messages": HELLO, "max_tokens": 5},
+    "completion": {"prompt": ZEN_PROMPT, "max_tokens": 40},
+    "stop": {"prompt": ZEN_PROMPT, "max_tokens": 40, "stop": ("never", "Simple is")},
+}
+
+
+@pytest.mark.parametrize("case", sorted(WHOLE_CASES))
+def test_an_answer_asked_whole_is_the_streamed_answer(subj: Subject, case: str) -> None:
+    """Text, finish reason, the stop string named and usage (cached tokens included) are the same whether
+    the engine streamed the answer or answered it whole."""
+
+    def summary(chunks: list[Chunk]) -> tuple[str, str | None, str | None, Any, bool]:
+        last = chunks[-1]
+        usage = last.usage
+        assert usage is not None
+        # The second of two same prompts may find it in the engine's cache: the count is reported either way.
+        counts = dataclasses.replace(usage, cached_tokens=None)
+        return text_of(chunks), last.finish_reason, last.stop_sequence, counts, usage.cached_tokens is None
+
+    streamed = run(subj, lambda b: collect(b, req(**WHOLE_CASES[case])))
+    whole = run(subj, lambda b: collect(b, req(whole=True, **WHOLE_CASES[case])))
+    assert summary(whole) == summary(streamed)
+    assert all(c.finish_reason is None for c in whole[:-1])
 
 
 def test_request_id_reaches_the_engine(subj: Subject) -> None:

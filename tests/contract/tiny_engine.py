@@ -173,7 +173,8 @@ class TinyEngine:
             except BaseException as exc:  # delivered to the consumer
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
             finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                if not stop.is_set() or not loop.is_closed():  # a stopped consumer's loop may be gone (its server)
+                    loop.call_soon_threadsafe(queue.put_nowait, None)
 
         self.active_streams += 1
         thread = threading.Thread(target=work, daemon=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -50,8 +50,12 @@ class Engine:
     name: str
     cls: type[OpenAICompatBackend]
     url: str
+    whole: bool = False
+    """Every request taken whole (``GenerationRequest.whole``): the engine is asked ``stream: false``."""
 
     def run(self, request: GenerationRequest) -> list[Chunk]:
+        request = replace(request, whole=self.whole)
+
         async def go() -> list[Chunk]:
             settings = HttpSettings(url=self.url, served_model=SERVED, read_timeout_s=120)
             backend = self.cls("under-test", SERVED, settings)
@@ -74,24 +78,29 @@ class Engine:
 CLASSES: dict[str, type[OpenAICompatBackend]] = {"vllm": VLLMBackend, "llama_server": LlamaServerBackend}
 
 
-def _engine(request: pytest.FixtureRequest, name: str) -> Engine:
+def _engine(request: pytest.FixtureRequest, name: str, whole: bool) -> Engine:
     url = os.environ.get(f"ENGINEGATE_{name.upper()}_URL") or str(request.getfixturevalue(f"{name}_url"))
-    return Engine(name, CLASSES[name], url)
+    return Engine(name, CLASSES[name], url, whole)
 
 
-@pytest.fixture(params=["vllm", "llama_server"])
+# Each test twice: the answer streamed, and asked whole (what a client that does not stream gets).
+ASKED = {"streamed": False, "whole": True}
+
+
+@pytest.fixture(params=[f"{e}-{a}" for e in ("vllm", "llama_server") for a in ASKED])
 def engine(request: pytest.FixtureRequest) -> Engine:
-    return _engine(request, str(request.param))
+    name, asked = str(request.param).rsplit("-", 1)
+    return _engine(request, name, ASKED[asked])
 
 
-@pytest.fixture
+@pytest.fixture(params=list(ASKED))
 def vllm(request: pytest.FixtureRequest) -> Engine:
-    return _engine(request, "vllm")
+    return _engine(request, "vllm", ASKED[request.param])
 
 
-@pytest.fixture
+@pytest.fixture(params=list(ASKED))
 def llama_server(request: pytest.FixtureRequest) -> Engine:
-    return _engine(request, "llama_server")
+    return _engine(request, "llama_server", ASKED[request.param])
 
 
 pytestmark = pytest.mark.engines

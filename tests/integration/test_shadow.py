@@ -68,6 +68,9 @@ def fresh(engines: Engines) -> Engines:
     engines.trt_received.clear()
     engines.trt.reset()
     engines.trt.seen.clear()
+    # The engine's own pace (each token's), which a whole answer takes as a stream does: the control's
+    # pace spaces a response's pieces, and a whole answer is one piece.
+    engines.trt_engine.token_delay_s = 0.0
     return engines
 
 
@@ -198,7 +201,7 @@ def test_a_candidate_that_is_down_leaves_the_primary_answering(fresh: Engines, t
 
 
 def test_shutdown_cancels_a_shadow_in_flight(fresh: Engines, tmp_path: Path) -> None:
-    fresh.trt.token_delay_s = 60.0  # the candidate's answer would take minutes: shutdown must not wait
+    fresh.trt_engine.token_delay_s = 5.0  # the candidate's answer would take minutes: shutdown must not wait
     with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}")) as (url, app):
         answer = _client(url).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
@@ -213,7 +216,7 @@ def test_shutdown_cancels_a_shadow_in_flight(fresh: Engines, tmp_path: Path) -> 
 
 
 def test_the_end_of_a_drains_grace_cancels_shadows_in_flight(fresh: Engines, tmp_path: Path) -> None:
-    fresh.trt.token_delay_s = 60.0
+    fresh.trt_engine.token_delay_s = 5.0
     with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0}")) as (url, app):
         client = _client(url)
         assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4).choices[0].message
@@ -255,7 +258,7 @@ routing:
 
 
 def test_a_full_rule_drops_its_shadows_instead_of_queueing_them(fresh: Engines, tmp_path: Path) -> None:
-    fresh.trt.token_delay_s = 60.0  # the first shadow holds the rule's one slot
+    fresh.trt_engine.token_delay_s = 5.0  # the first shadow holds the rule's one slot
     with gateway(_config(tmp_path, fresh, "{to: trt-candidate, share: 1.0, max_concurrency: 1}")) as (url, app):
         client = _client(url)
         for _ in range(3):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import signal
 import tomllib
 from pathlib import Path
@@ -45,7 +46,11 @@ PROTOCOL_ATTRIBUTES = ("cycle", "parser", "connections", "loop")
 PER_REQUEST_ATTRIBUTES = ("url", "headers", "scope")
 PER_CONNECTION_ATTRIBUTES = ("transport", "client")
 # Attributes of the request cycle the gateway reads or sets when it refuses a request mid-way.
-CYCLE_ATTRIBUTES = ("response_started", "response_complete", "disconnected", "message_event", "keep_alive")
+CYCLE_ATTRIBUTES = (
+    "response_started", "response_complete", "disconnected", "message_event", "keep_alive", "transport"
+)  # fmt: skip
+# What the request cycle does with its transport: all the gateway's stand-in (gateway/http/coalesce.py) has.
+CYCLE_TRANSPORT_CALLS = {"write", "close", "is_closing"}
 SUPERVISOR_METHODS = ("__init__", "handle_hup", "handle_int", "terminate_all", "run")
 SUPERVISOR_ATTRIBUTES = ("processes", "sockets")
 
@@ -98,6 +103,13 @@ def test_request_cycle_attributes() -> None:
     source = inspect.getsource(httptools_impl.RequestResponseCycle.__init__)
     missing = [name for name in CYCLE_ATTRIBUTES if f"self.{name}" not in source]
     assert not missing, f"uvicorn RequestResponseCycle lacks {missing}"
+
+
+def test_the_request_cycle_uses_only_what_the_one_write_transport_has() -> None:
+    source = inspect.getsource(httptools_impl.RequestResponseCycle)
+    calls = set(re.findall(r"self\.transport\.(\w+)", source))
+    assert calls <= CYCLE_TRANSPORT_CALLS, calls - CYCLE_TRANSPORT_CALLS
+    assert 'self.transport.write(b"HTTP/1.1 100 Continue' in source, "the interim response the stand-in never holds"
 
 
 @pytest.mark.parametrize("name", SUPERVISOR_METHODS)
