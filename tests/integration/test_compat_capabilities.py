@@ -170,7 +170,8 @@ def test_seed_gives_the_same_sampled_text_twice(engine: Engine) -> None:
 
 
 def test_n2_yields_two_indexed_choices_each_ending_with_its_finish(engine: Engine) -> None:
-    chunks = engine.run(req(prompt="Once", max_tokens=8, temperature=1.8, n=2))
+    chunks = engine.run(req(prompt="Once", max_tokens=8, temperature=1.8, n=2, seed=11))  # seeded: unseeded, a choice
+    # sometimes sampled its end of text early and the usage check below failed by chance
     finals = [c for c in chunks if c.finish_reason is not None]
     assert sorted(c.index for c in finals) == [0, 1]
     assert text_of(chunks, 0) and text_of(chunks, 1)
