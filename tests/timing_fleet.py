@@ -37,8 +37,7 @@ from tools.build_timing_model import timing_model
 MODEL = "enginegate-timing"
 ENGINES = 3
 SLOTS = 3
-"""Slots per engine: nine in all, for the sessions below; a session keeps its history only where it
-stays, and an engine visited by every session keeps none of them for long."""
+"""Slots per engine: nine in all, for the eight sessions below."""
 SLOT_CONTEXT = 4096
 _VOCABULARY = (
     "the tool returned status file line error request cache engine server client session value config "
@@ -54,11 +53,13 @@ class Workload:
     """Tool-calling sessions: a shared system preamble, a per-session task, then turns that each add a
     tool call (a fixed assistant message, so every run's prompts are the same whatever the model says)
     and the tool's output. Sizes in words, of about four of the demo tokenizer's tokens each: by default a
-    122-token preamble and prompts of about 270, 430, 570 and 710 tokens, some 12,000 prompt tokens a run."""
+    70-token preamble and prompts of about 210, 370, 510 and 650 tokens, some 14,000 prompt tokens a run.
+    Eight sessions fit the three engines' nine slots only if each stays where it began; an engine that
+    sees every session (round robin) keeps each one's history only by chance."""
 
-    sessions: int = 6
+    sessions: int = 8
     turns: int = 4
-    preamble_words: int = 20
+    preamble_words: int = 8
     opening_words: int = 30
     turn_words: int = 25
     max_tokens: int = 8

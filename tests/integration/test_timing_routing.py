@@ -2,8 +2,8 @@
 
 Three llama-server processes serve the timing model (tools/build_timing_model.py, built into the cache
 when absent): about 150 prompt tokens a second per engine here, so a session whose history an engine
-no longer holds costs seconds to prefill again. Three clients run six tool-calling sessions (a shared
-preamble, histories growing to about 710 tokens over four turns) at once, through a real gateway and
+no longer holds costs seconds to prefill again. Three clients run eight tool-calling sessions (a shared
+preamble, histories growing to about 650 tokens over four turns) at once, through a real gateway and
 then round robin straight to freshly started engines: the same prompts, so the engines' own counters
 (``llamacpp:prompt_tokens_cached_total``) compare placements, and every answer through the gateway
 can be compared with the same request's answer sent directly (tests/timing_fleet.py).
