@@ -46,11 +46,6 @@ def test_the_gateway_keeps_load_within_a_quarter_of_even(runs: dict[str, Run]) -
     assert max(placed) <= 1.25 * sum(placed) / len(placed), placed
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the current policy's load term outweighs affinity once requests are in flight (issue 24 item 1); "
-    "measured: 1.0x round robin's reuse with three clients",
-)
 def test_the_gateway_lets_engines_reuse_twice_the_prompt_tokens_round_robin_does(runs: dict[str, Run]) -> None:
     ours, theirs = runs["enginegate"], runs["round_robin"]
     assert theirs.reused > 0
