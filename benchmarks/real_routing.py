@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=Workload.turns)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the engines' context managers stop them
     w = Workload(sessions=args.sessions, turns=args.turns)
     policies = args.policies.split(",")
     work = Path(tempfile.mkdtemp(prefix="real-routing-"))

@@ -15,6 +15,7 @@ from tests.timing_fleet import (
     Workload,
     common_prefix,
     prompt_text,
+    schedule,
     sessions,
 )
 
@@ -31,6 +32,9 @@ def test_sessions_are_the_same_every_time_and_each_turn_extends_the_last() -> No
             assert after[: len(before)] == before and len(after) == len(before) + 2
     assert len({turns[0][0]["content"] for turns in made}) == 1  # one shared preamble
     assert len({turns[0][1]["content"] for turns in made}) == 3  # each session its own task
+    order = schedule(w)
+    assert sorted(order) == [(s, t) for s in range(3) for t in range(3)]
+    assert [t for _, t in order] == sorted(t for _, t in order)  # every turn t before any turn t + 1
 
 
 def test_common_prefix_is_the_longest_shared_start() -> None:
@@ -40,12 +44,12 @@ def test_common_prefix_is_the_longest_shared_start() -> None:
 
 def test_the_cache_aware_baseline_follows_the_longest_match_above_half_else_the_smallest_tree() -> None:
     policy = CacheAware(URLS)
-    first = policy.open("p" * 10 + "session one" * 10)
+    first = policy.open(0, "p" * 10 + "session one" * 10)
     policy.close(first)
-    second = policy.open("p" * 10 + "session two" * 10)  # shares a tenth: the engines holding least text
+    second = policy.open(0, "p" * 10 + "session two" * 10)  # shares a tenth: the engines holding least text
     assert second.engine != first.engine
     policy.close(second)
-    again = policy.open("p" * 10 + "session one" * 10 + "turn two")
+    again = policy.open(0, "p" * 10 + "session one" * 10 + "turn two")
     assert again.engine == first.engine
 
 
@@ -53,17 +57,17 @@ def test_least_busy_takes_the_emptiest_engine_and_rotates_among_equals() -> None
     policy = LeastBusy(URLS)
     picked = []
     for _ in range(3):
-        target = policy.open("x")
+        target = policy.open(0, "x")
         picked.append(target.engine)
         policy.close(target)
     assert sorted(p for p in picked if p is not None) == [0, 1, 2]
-    held = policy.open("x")
-    assert policy.open("x").engine != held.engine
+    held = policy.open(0, "x")
+    assert policy.open(0, "x").engine != held.engine
 
 
-def test_round_robin_cycles() -> None:
+def test_round_robin_cycles_over_the_scheduled_order() -> None:
     policy = RoundRobin(URLS)
-    assert [policy.open("x").engine for _ in range(4)] == [0, 1, 2, 0]
+    assert [policy.open(p, "x").engine for p in (0, 1, 2, 3, 7)] == [0, 1, 2, 0, 1]
 
 
 def test_a_run_counts_moves_placement_and_budgets() -> None:
