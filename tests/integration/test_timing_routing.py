@@ -1,0 +1,52 @@
+"""Prefix-aware routing on real engines whose prefill costs what it costs, with concurrent clients.
+
+Three llama-server processes serve the timing model (tools/build_timing_model.py, built into the cache
+when absent): about 150 prompt tokens a second per engine here, so a session whose history an engine
+no longer holds costs seconds to prefill again. Three clients run eight tool-calling sessions (a shared
+preamble, histories growing to about 650 tokens over four turns) at once, through a real gateway and
+then round robin straight to freshly started engines: the same prompts, so the engines' own counters
+(``llamacpp:prompt_tokens_cached_total``) compare placements, and every answer through the gateway
+can be compared with the same request's answer sent directly (tests/timing_fleet.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.timing_fleet import Run, Workload, run_policy
+
+pytestmark = pytest.mark.engines
+
+WORKLOAD = Workload()
+CLIENTS = 3
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    base = Path(tmp_path_factory.mktemp("timing-routing"))
+    done = {p: run_policy(p, WORKLOAD, CLIENTS, base / p) for p in ("enginegate", "round_robin")}
+    for run in done.values():
+        print(run.row())
+    return done
+
+
+def test_answers_through_the_gateway_are_byte_identical_to_direct_requests(runs: dict[str, Run]) -> None:
+    ours = {(a.session, a.turn): a.text for a in runs["enginegate"].answers}
+    direct = {(a.session, a.turn): a.text for a in runs["round_robin"].answers}
+    assert len(ours) == len(direct) == WORKLOAD.sessions * WORKLOAD.turns
+    differ = [key for key in direct if ours[key] != direct[key]]
+    assert not differ, [(key, ours[key], direct[key]) for key in differ]
+
+
+def test_the_gateway_keeps_load_within_a_quarter_of_even(runs: dict[str, Run]) -> None:
+    placed = runs["enginegate"].requests
+    assert sum(placed) == WORKLOAD.sessions * WORKLOAD.turns
+    assert max(placed) <= 1.25 * sum(placed) / len(placed), placed
+
+
+def test_the_gateway_lets_engines_reuse_twice_the_prompt_tokens_round_robin_does(runs: dict[str, Run]) -> None:
+    ours, theirs = runs["enginegate"], runs["round_robin"]
+    assert theirs.reused > 0
+    assert ours.reused >= 2 * theirs.reused, (ours.row(), theirs.row())
