@@ -312,6 +312,7 @@ def test_a_request_predicted_past_the_shed_ratio_of_its_budget_everywhere_is_she
     shed = choose(ask(ttft_budget_ms=best / 4), snap(*FLEET), rules)
     assert shed.reason is Reason.OVERLOADED and not shed.candidates
     assert shed.retry_after_s is not None and shed.retry_after_s >= 1
+    assert set(shed.excluded) == {s.name for s in FLEET} and "over the shed ratio 3" in shed.excluded["trt-h100"]
     assert choose(ask(ttft_budget_ms=best / 2), snap(*FLEET), rules).reason is Reason.BEST_EFFORT
     assert choose(ask(), snap(*FLEET), rules).candidates  # no budget: nothing to be hopeless about
     assert choose(ask(ttft_budget_ms=best / 4), snap(*FLEET), Rules()).candidates  # off by default
