@@ -132,6 +132,8 @@ class Scored:
 
     candidates: list[Candidate]
     hopeless: bool
+    closest_miss: float
+    """The least time over budget among the candidates (the home's slack included), 1 when one meets it."""
 
 
 def scored(
@@ -195,5 +197,6 @@ def scored(
     # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its
     # budget it would only take that backend's capacity from requests that can still make theirs, so
     # it takes the cheapest capacity instead (in the simulator this beat "least loaded" and "closest").
-    hopeless = closest_miss > HOPELESS_RATIO and not any(c.meets_budget for c in candidates)
-    return Scored(candidates, hopeless)
+    if closest_miss > 1 and any(c.meets_budget for c in candidates):
+        closest_miss = 1.0  # one meets it: nothing is hopeless
+    return Scored(candidates, closest_miss > HOPELESS_RATIO, closest_miss)

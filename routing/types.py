@@ -232,6 +232,10 @@ class Rules:
     max_queue_wait_ms: float = float("inf")
     """Admission control: a backend predicted to queue a request longer than this (scaled by the
     request's priority) does not take it; when none can, the request is shed with Retry-After."""
+    shed_ratio: float = float("inf")
+    """Shedding what cannot be saved: a request predicted above this multiple of its budget on every
+    backend (the home's slack included) is shed with Retry-After (``Reason.OVERLOADED``) instead of
+    taking capacity from requests that can still meet theirs (``routing.shed_over_budget``)."""
     load_bound: float = 1.25
     """Bounded loads: no backend takes more than this multiple of its fair share (by slots) of the
     requests in flight unless every one would (``routing.prefix.load_bound``)."""

@@ -142,6 +142,10 @@ class RoutingConfig(Frozen):
     """Admission control: a request is not queued where it is predicted to wait longer than this
     (twice for positive ``x-priority``, half for negative); when no backend can take it, 503 with
     Retry-After from the predicted wait, instead of a timeout a minute later."""
+    shed_over_budget: float | None = Field(default=None, gt=1)
+    """Shed (503 with Retry-After) a request predicted above this multiple of its budget on every
+    backend, rather than serve it late with capacity that requests still within reach need (past
+    saturation this is what keeps the rest within budget; 3 in the simulator). Off when unset."""
     mode: Literal["best_effort", "strict"] = "best_effort"
     """strict: a request no backend can serve within its budget gets 429 with Retry-After."""
     hedging: bool = False

@@ -229,6 +229,7 @@ def rules(loaded: LoadedConfig) -> Rules:
         weights=Weights(w.budget, w.cost),
         load_bound=r.prefix.load_bound,
         max_queue_wait_ms=r.max_queue_wait_s * 1000,
+        shed_ratio=r.shed_over_budget if r.shed_over_budget is not None else float("inf"),
     )
 
 

@@ -44,6 +44,7 @@ routing catalog and the simulator share it)."""
 
 FAILURES = {
     "shed": "shed by admission (queued past the fleet's limit, the same for every policy: 503)",
+    "hopeless": "shed by enginegate's policy as predicted hopeless (over its shed ratio of the budget everywhere: 503)",
     "strict_429": "refused in strict mode (no backend can meet its budget: 429)",
     "no_backend": "no backend (none up, serving its model, or holding it)",
     "lost": "lost mid-answer (its backend went down after the first token)",

@@ -22,7 +22,10 @@ class Point:
     """Which fleet (a config's name) when several are compared."""
 
 
-FAILURE_COLUMNS = {"shed": "shed (503)", "strict_429": "strict 429", "no_backend": "no backend", "lost": "lost"}
+FAILURE_COLUMNS = {
+    "shed": "shed (503)", "hopeless": "hopeless (503)", "strict_429": "strict 429", "no_backend": "no backend",
+    "lost": "lost",
+}  # fmt: skip
 """How each ``engine.FAILURES`` reason heads its column: requests without an answer, counted."""
 assert set(FAILURE_COLUMNS) == set(FAILURES)
 
@@ -33,9 +36,10 @@ COLUMNS = (
 )  # fmt: skip
 
 CAPTION = (
-    "`rejected`: requests refused without an answer (shed by admission, strict 429, no backend), counted as "
-    "missed in `within budget`. TTFT and e2e percentiles are over every request, one without an answer "
-    "(rejected or lost) counting as never answered: a percentile that falls on those reads `never`. "
+    "`rejected`: requests refused without an answer (shed by admission, shed by enginegate as predicted "
+    "hopeless, strict 429, no backend), counted as missed in `within budget`. TTFT and e2e percentiles are "
+    "over every request, one without an answer (rejected or lost) counting as never answered: a percentile "
+    "that falls on those reads `never`. "
     "`busy GPU $/h` prices the time engines worked, so a rejected request costs nothing there (it was shed "
     "before it started); `busy $ per 1k met` divides the busy cost over the arrival window by the requests "
     "answered within budget, so work spent on misses and capacity idled by rejections are charged to them."

@@ -303,6 +303,21 @@ def test_a_request_that_would_queue_past_the_admission_limit_is_shed_with_a_retr
     assert choose(ask(), snap(busy), Rules()).candidates, "no admission limit configured: queued as before"
 
 
+def test_a_request_predicted_past_the_shed_ratio_of_its_budget_everywhere_is_shed() -> None:
+    """Past saturation a request far over its budget everywhere only delays the ones that can still
+    make theirs: with ``shed_ratio`` it is shed (503 with Retry-After) instead; within the ratio
+    somewhere, or without a budget, it is served as before."""
+    best = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in FLEET)
+    rules = Rules(shed_ratio=3.0)
+    shed = choose(ask(ttft_budget_ms=best / 4), snap(*FLEET), rules)
+    assert shed.reason is Reason.OVERLOADED and not shed.candidates
+    assert shed.retry_after_s is not None and shed.retry_after_s >= 1
+    assert set(shed.excluded) == {s.name for s in FLEET} and "over the shed ratio 3" in shed.excluded["trt-h100"]
+    assert choose(ask(ttft_budget_ms=best / 2), snap(*FLEET), rules).reason is Reason.BEST_EFFORT
+    assert choose(ask(), snap(*FLEET), rules).candidates  # no budget: nothing to be hopeless about
+    assert choose(ask(ttft_budget_ms=best / 4), snap(*FLEET), Rules()).candidates  # off by default
+
+
 def test_low_priority_requests_are_shed_first() -> None:
     wait = predict_queue_ms(replace(backend("b0", "vllm", "A100-80GB"), running=4, waiting=40, engine_slots=4))
     busy = replace(backend("b0", "vllm", "A100-80GB"), running=4, waiting=40, engine_slots=4)

@@ -44,7 +44,8 @@ def fleet(admission_s: float | None) -> SimFleet:
 
 
 def policies(f: SimFleet) -> list[Policy]:
-    return [RoundRobin(), LeastBusy(0), LlmD(), SglangCacheAware(), Enginegate(f.rules, f.models)]
+    """Each with the fleet's admission only: enginegate's own shedding of hopeless requests is off."""
+    return [RoundRobin(), LeastBusy(0), LlmD(), SglangCacheAware(), Enginegate(f.rules, f.models, shed_ratio=math.inf)]
 
 
 def test_the_fleet_sheds_for_every_policy_alike_and_nobody_sheds_without_admission() -> None:
@@ -65,12 +66,26 @@ def test_the_fleet_sheds_for_every_policy_alike_and_nobody_sheds_without_admissi
         assert result.rejected == 0 and result.unanswered == 0, policy.name
 
 
-def test_enginegate_does_not_shed_on_its_own_prediction_in_the_simulator() -> None:
+def test_enginegate_does_not_shed_on_its_own_queue_prediction_in_the_simulator() -> None:
     # Its predictive admission (max_queue_wait_ms) would shed here; in the simulator admission is the fleet's.
     f = replace(fleet(admission_s=None), rules=Rules(max_queue_wait_ms=1.0))
     requests = overload(200)
-    result = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models))
+    result = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models, shed_ratio=math.inf))
     assert result.rejected == 0 and all(j.done_s is not None for j in result.jobs)
+
+
+def test_enginegate_sheds_what_it_predicts_hopeless_and_that_is_counted_as_missed() -> None:
+    # Far past two L4s: served, the hopeless requests only make the rest late; shed, they are missed
+    # (503s in the table) and the capacity they free lets more of the others meet their budgets.
+    f = fleet(admission_s=None)
+    requests = overload(200)
+    served = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models, shed_ratio=math.inf))
+    shedding = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models))
+    shed = [j for j in shedding.jobs if j.failure == "hopeless"]
+    assert shed and shedding.rejected == len(shed) and not any(j.within_budget for j in shed)
+    met = sum(j.within_budget for j in shedding.jobs)
+    assert met > sum(j.within_budget for j in served.jobs)
+    assert shedding.attainment == pytest.approx(met / len(requests))  # the shed count in the denominator
 
 
 def _job(i: int, ttft_s: float | None) -> Job:
@@ -130,7 +145,7 @@ def test_the_ground_truth_is_seeded_noisy_and_not_the_estimator() -> None:
 def test_the_estimators_error_is_measured_for_every_request_the_router_placed() -> None:
     requests = [SimRequest(i, i / 2, 1000, 100, "interactive", 2000.0, None) for i in range(120)]
     f = SimFleet((profile("a"), profile("b")), {"m8": LLAMA_8B}, Rules())
-    ours = simulate(f, requests, ["m8"] * 120, Enginegate(f.rules, f.models))
+    ours = simulate(f, requests, ["m8"] * 120, Enginegate(f.rules, f.models, shed_ratio=math.inf))
     theirs = simulate(f, requests, ["m8"] * 120, RoundRobin())
     ttft = ours.prediction_errors("ttft")
     assert len(ttft) == sum(j.first_token_s is not None for j in ours.jobs) == 120
@@ -167,7 +182,9 @@ def test_cli_simulate_applies_one_admission_to_every_policy(tmp_path: Path, caps
     shed = _shed_by_policy(capsys.readouterr().out)
     assert set(shed) == {"round_robin", "llm_d", "enginegate"} and all(n > 0 for n in shed.values()), shed
     assert main([*base, "--admission", "none"]) == 0
-    assert set(_shed_by_policy(capsys.readouterr().out).values()) == {0}
+    # Without admission no peer sheds; enginegate sheds only what it predicts hopeless (its SHED_RATIO).
+    shed = _shed_by_policy(capsys.readouterr().out)
+    assert shed["round_robin"] == shed["llm_d"] == 0, shed
     assert main([*base, "--admission", "soon"]) == 1
     assert "--admission 'soon'" in capsys.readouterr().err
 

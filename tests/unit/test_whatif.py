@@ -76,7 +76,7 @@ def test_config_diff_over_the_recorded_log_moves_interactive_traffic_and_simulat
     for row in table:
         assert 0 < row["within_budget_pct"] <= 100 and 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"]
         assert row["busy_gpu_usd_per_hour"] <= row["gpu_usd_per_hour"]
-        assert set(row["failures"]) == {"shed", "strict_429", "no_backend", "lost"}
+        assert set(row["failures"]) == {"shed", "hopeless", "strict_429", "no_backend", "lost"}
     assert main(["config", "diff", str(OLD), str(NEW), "--replay", str(LOG), "--rate", "2,30"]) == 0
     text = capsys.readouterr().out
     assert f"Routing decisions that move: {interactive_8b} of 60" in text
