@@ -165,8 +165,9 @@ def header_note() -> str:
         "the same for every policy: `admission 20 s` sheds a request still queued on an engine 20 s after it got "
         "there (waiting, or holding a slot with no prefill chunk yet; the config's `routing.max_queue_wait_s`; "
         "enginegate's own queue-wait shedding is off in the simulator), `no admission` sheds nothing. enginegate "
-        "sheds, as a policy choice, requests it predicts above three times their budget on every backend "
-        "(`routing.shed_over_budget: 3`): its `hopeless (503)` column, counted as missed. Engine step "
+        "sheds, as a policy choice, requests it predicts above three times their budget on every backend while "
+        "every one queues (`routing.shed_over_budget: 3`, set in `configs/sim-fleet.yaml`, off by default in the "
+        "gateway): its `hopeless (503)` column, counted as missed. Engine step "
         "times come from `routing/sim/truth.py`: the physics fitted to published numbers plus per-sequence cost, "
         "prefill/decode interference, a hidden per-instance speed (+-12%) and lognormal step noise, none of which "
         "the router's estimator models; it learns them online as the gateway does. Verdicts: within 1 point of "
@@ -195,7 +196,7 @@ def main() -> None:
     parser.add_argument("--workloads", help="comma-separated first words of the workloads (azure,chat,mooncake)")
     args = parser.parse_args()
     mixed = sim_fleet(load_config(args.config))
-    uniform = replace(uniform_fleet(), admission_s=mixed.admission_s)
+    uniform = replace(uniform_fleet(), admission_s=mixed.admission_s, rules=mixed.rules)  # the config's routing
     names = [n.strip() for n in args.policies.split(",")] if args.policies else None
     if names is not None and "enginegate" not in names:
         parser.error("--policies must include enginegate (the verdicts compare against it)")

@@ -169,11 +169,13 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         return plan.decision(Reason.OVERLOADED, excluded, retry_after_s=retry)
     matched = {name: blocks for name, (blocks, _) in held.items()}
     result = scored(alive, predictions, matched, probing, f, model, rules, out)
-    if result.closest_miss > rules.shed_ratio and plan.mode is Mode.BEST_EFFORT:
-        # Hopeless everywhere: served, it would only delay requests that can still meet their budgets.
+    wait = min(predictions[s.name].queue_ms for s in alive) / 1000
+    if result.closest_miss > rules.shed_ratio and plan.mode is Mode.BEST_EFFORT and wait > 0:
+        # Hopeless everywhere while every backend queues: served, it would only delay requests that can
+        # still meet their budgets. On a fleet with a free backend it is served late as before: a budget
+        # no hardware here meets is not overload, and a 503 saying so would be retried in vain.
         why = f"predicted at best {result.closest_miss:.1f}x its budget, over the shed ratio {rules.shed_ratio:g}"
         excluded.update((c.backend, why) for c in result.candidates)
-        wait = min(p.queue_ms for p in predictions.values()) / 1000
         return plan.decision(Reason.OVERLOADED, excluded, retry_after_s=max(1.0, wait))
     hopeless = result.hopeless
     states = {s.name: s for s in alive}

@@ -7,7 +7,7 @@ function of its inputs and seed.
 Admission is the fleet's, the same for every policy (``SimFleet.admission_s``): a request queued
 on an engine longer than that is shed; enginegate's own predictive admission
 (``Rules.max_queue_wait_ms``) is off in the simulator so that no policy sheds where another cannot;
-its shedding of requests predicted hopeless (``policies.SHED_RATIO``) is a policy choice, counted apart.
+its shedding of requests predicted hopeless (``routing.shed_over_budget``) is a policy choice, counted apart.
 
 What the policies see, the same for all: health at once (an outage is noticed when it
 starts), the router's own in-flight counts at once, and engine gauges (running,

@@ -306,16 +306,21 @@ def test_a_request_that_would_queue_past_the_admission_limit_is_shed_with_a_retr
 def test_a_request_predicted_past_the_shed_ratio_of_its_budget_everywhere_is_shed() -> None:
     """Past saturation a request far over its budget everywhere only delays the ones that can still
     make theirs: with ``shed_ratio`` it is shed (503 with Retry-After) instead; within the ratio
-    somewhere, or without a budget, it is served as before."""
-    best = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in FLEET)
+    somewhere, without a budget, or while a backend is free (a budget no backend meets even idle is
+    not overload: a 503 would be retried in vain), it is served as before."""
+    queued = [replace(s, running=s.profile.max_concurrency, waiting=2 * s.profile.max_concurrency) for s in FLEET]
+    assert all(predict(LLAMA_8B, s, 1000, 200).queue_ms > 0 for s in queued)
+    best = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in queued)
     rules = Rules(shed_ratio=3.0)
-    shed = choose(ask(ttft_budget_ms=best / 4), snap(*FLEET), rules)
+    shed = choose(ask(ttft_budget_ms=best / 4), snap(*queued), rules)
     assert shed.reason is Reason.OVERLOADED and not shed.candidates
     assert shed.retry_after_s is not None and shed.retry_after_s >= 1
     assert set(shed.excluded) == {s.name for s in FLEET} and "over the shed ratio 3" in shed.excluded["trt-h100"]
-    assert choose(ask(ttft_budget_ms=best / 2), snap(*FLEET), rules).reason is Reason.BEST_EFFORT
-    assert choose(ask(), snap(*FLEET), rules).candidates  # no budget: nothing to be hopeless about
-    assert choose(ask(ttft_budget_ms=best / 4), snap(*FLEET), Rules()).candidates  # off by default
+    assert choose(ask(ttft_budget_ms=best / 2), snap(*queued), rules).reason is Reason.BEST_EFFORT
+    assert choose(ask(), snap(*queued), rules).candidates  # no budget: nothing to be hopeless about
+    assert choose(ask(ttft_budget_ms=best / 4), snap(*queued), Rules()).candidates  # off by default
+    idle_best = min(predict(LLAMA_8B, s, 1000, 200).ttft_ms for s in FLEET)
+    assert choose(ask(ttft_budget_ms=idle_best / 4), snap(*FLEET), rules).candidates  # nothing queues: served late
 
 
 def test_low_priority_requests_are_shed_first() -> None:

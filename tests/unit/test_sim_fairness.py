@@ -17,7 +17,7 @@ from routing.sim import report
 from routing.sim.calibration import PERF
 from routing.sim.engine import Job, SimEngine
 from routing.sim.peers import LlmD, SglangCacheAware
-from routing.sim.policies import Enginegate, LeastBusy, Policy, RoundRobin
+from routing.sim.policies import SHED_RATIO, Enginegate, LeastBusy, Policy, RoundRobin
 from routing.sim.simulate import Result, SimFleet, simulate
 from routing.sim.truth import EXACT, NOISE_SIGMA, SPEED_SPREAD, Truth
 from routing.sim.workload import SimRequest
@@ -80,7 +80,7 @@ def test_enginegate_sheds_what_it_predicts_hopeless_and_that_is_counted_as_misse
     f = fleet(admission_s=None)
     requests = overload(200)
     served = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models, shed_ratio=math.inf))
-    shedding = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models))
+    shedding = simulate(f, requests, ["m8"] * len(requests), Enginegate(f.rules, f.models, shed_ratio=SHED_RATIO))
     shed = [j for j in shedding.jobs if j.failure == "hopeless"]
     assert shed and shedding.rejected == len(shed) and not any(j.within_budget for j in shed)
     met = sum(j.within_budget for j in shedding.jobs)
