@@ -3,10 +3,11 @@
 A request is cacheable when its answer is deterministic (``temperature`` 0, or a fixed ``seed``) and
 it offers no tools (unless ``cache.cache_tools``). Its key is the SHA-256 of everything in the
 gateway's neutral ``GenerationRequest`` that changes the answer (the model, messages or prompt, every
-sampling parameter, tools, response format, ``n``...; not the request id, the stream flag or
-OpenAI's ``user``), the model's version and the caller's scope. The entry is the answer's chunks, the
-same neutral form every front door renders (a hit through another door renders in that door's
-shapes), kept only when every choice finished normally.
+sampling parameter, tools, response format, ``n``...; not the request id, how the answer travels (the
+stream flag, whether the engine is asked for it whole) or OpenAI's ``user``), the model's version and
+the caller's scope. The entry is the answer's chunks, the same neutral form every front door renders
+(a hit through another door renders in that door's shapes), kept only when every choice finished
+normally.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gateway.config import CacheConfig, ModelConfig
 KEPT_FINISHES = frozenset({"stop", "length", "tool_calls"})
 """Answers that ended one of these ways are stored: not an error, a cut stream or ``content_filter``."""
 
-_NOT_THE_ANSWER = frozenset({"request_id", "stream", "clock", "user"})
+_NOT_THE_ANSWER = frozenset({"request_id", "stream", "whole", "clock", "user"})
 _FIELDS = tuple(f.name for f in dataclasses.fields(GenerationRequest) if f.name not in _NOT_THE_ANSWER)
 _KEY_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
