@@ -63,6 +63,7 @@ def to_dict(decision: Decision, features: RequestFeatures, rules: Rules | None =
                 "in_flight": c.in_flight,
                 "load_bound": c.bound,
                 "over_bound": c.over_bound,
+                "conversations": int(c.terms.get("conversations", 0)),
                 "home": bool(c.terms.get("home")),
                 "terms": {k: round(v, 4) for k, v in c.terms.items()},
             }
@@ -100,8 +101,8 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
         "",
     ]
     header = (
-        "#", "backend", "engine", "hardware", "cached", "saves ms", "saves GPU-ms", "load/bound", "home", "ttft ms",
-        "tpot ms", "e2e ms", "queue ms", "meets", *TERMS, "score",
+        "#", "backend", "engine", "hardware", "cached", "saves ms", "saves GPU-ms", "load/bound", "convs", "home",
+        "ttft ms", "tpot ms", "e2e ms", "queue ms", "meets", *TERMS, "score",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
     for i, c in enumerate(decision.candidates, start=1):
@@ -117,6 +118,7 @@ def render(decision: Decision, features: RequestFeatures, snapshot: FleetSnapsho
                 f"{c.saved_ms:.1f}",
                 f"{c.saved_gpu_ms:.1f}",
                 f"{c.in_flight + 1}/{c.bound}" + ("!" if c.over_bound else ""),
+                str(int(c.terms.get("conversations", 0))),
                 "yes" if c.terms.get("home") else "no",
                 f"{c.prediction.ttft_ms:.1f}",
                 f"{c.prediction.tpot_ms:.2f}",

@@ -39,6 +39,13 @@ share exactly. Its first turn decides where all its turns will find their histor
 for balance; a continuing one may go up to ``Rules.load_bound`` (and one request more) to stay with
 its cache (simulated chat sessions on six identical GPUs at 100% load, seeds 0 and 1: 29.8% and
 30.6% within budget placing new conversations at 1, 27.4% and 29.3% at 1.25)."""
+SLOT_CACHES = frozenset({"llama_server"})
+"""Engines whose prompt cache is one prompt per slot (llama.cpp's server: a slot keeps the last prompt
+it served, and a request takes the slot whose prompt it shares most of). Once each of its slots
+holds a live conversation, another conversation there evicts one: a new conversation is placed
+elsewhere while a backend has a slot's worth of room (``PrefixIndex.conversations`` against its
+slots). Engines with a paged KV cache (vLLM, TensorRT-LLM, TGI, SGLang) hold many conversations
+per slot, bounded by tokens, which the index already ages out."""
 HOME_SLACK = 3.0
 """The backend holding a conversation's own history counts as meeting its budget while predicted
 within this multiple of it: the tolerance for prediction error. Leaving costs the fleet the whole
@@ -169,8 +176,20 @@ def scored(
     # A continuing conversation's home may hold one request more than its bound: with a few requests
     # in flight the bound rounds to one (1.25 x 2 requests / 3 backends), and three clients on three
     # llama-servers moved every turn whose home was serving another client.
+    held = [s.prefix.conversations if s.prefix is not None else 0 for s in alive]
     bound = bounds(in_flight, [p.slots for p in preds], *((NEW_BOUND, 0) if new else (rules.load_bound, 1)))
     over = [n + 1 > b for n, b in zip(in_flight, bound, strict=True)]
+    if new:
+        full = [
+            s.profile.engine in SLOT_CACHES and c >= s.profile.max_concurrency for s, c in zip(alive, held, strict=True)
+        ]
+        if any(full):
+            # Placed by the requests in flight alone, a new conversation follows whichever client just
+            # finished: six clients, eight sessions on three 3-slot llama-servers put four sessions on
+            # one in 2 runs of 5, and every turn there then evicted another session's history.
+            over = [a or b for a, b in zip(over, full, strict=True)]
+            if all(over):
+                over = full  # where its history will stay matters more than one request's balance
     if all(over):
         over = [False] * len(over)  # every one over its bound: none is (bounded loads place a key somewhere)
     w = rules.weights
@@ -181,6 +200,7 @@ def scored(
             "budget": budget_term(ratios[i], times[i][1], fastest, closest_miss),
             "cost": cheapest / cost[i] if cost[i] > 0 else 1.0,
             "home": 1.0 if i == tie else 0.0,
+            "conversations": float(held[i]),
             "last_resort": 1.0 if names[i] in probing else 0.0,
         }
         score = (w.budget * terms["budget"] + w.cost * terms["cost"]) / total

@@ -97,7 +97,7 @@ class PrefixIndex:
     ``capacity`` starts at the backend's nominal KV capacity and moves with what the engine reports.
     """
 
-    __slots__ = ("_blocks", "_tick", "_tokens", "capacity", "ceiling")
+    __slots__ = ("_blocks", "_conversations", "_tick", "_tokens", "capacity", "ceiling")
 
     def __init__(self, capacity_tokens: float) -> None:
         self.ceiling = max(float(MIN_CAPACITY_TOKENS), capacity_tokens)
@@ -108,6 +108,9 @@ class PrefixIndex:
         self._tokens = 0.0
         self._tick = 0.0
         """Tokens inserted so far: a block's age is the tokens used since it was."""
+        self._conversations: OrderedDict[int, tuple[int | None, float]] = OrderedDict()
+        """Conversation key -> (its latest prompt's deepest block, the tick it was sent at), least
+        recently sent first."""
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -115,6 +118,12 @@ class PrefixIndex:
     @property
     def tokens(self) -> float:
         return self._tokens
+
+    @property
+    def conversations(self) -> int:
+        """Conversations whose latest prompt the engine is expected to hold: those whose next turns
+        find their history here."""
+        return len(self._conversations)
 
     def match(self, keys: Sequence[int]) -> int:
         """How many of ``keys``' leading blocks the backend is expected to hold."""
@@ -132,10 +141,13 @@ class PrefixIndex:
         blocks, tick = self._blocks, self._tick
         return [tick - blocks[k][1] for k in keys[:n]]
 
-    def add(self, keys: Sequence[int], block_tokens: float) -> None:
+    def add(self, keys: Sequence[int], block_tokens: float, conversation: int | None = None) -> None:
         """The prompt of ``keys`` was sent here: the engine holds its blocks now. Deepest blocks go
         in first, so the oldest prompts lose their tails before the prefixes others share (as an
-        engine frees a finished request's blocks)."""
+        engine frees a finished request's blocks). ``conversation``: the prompt's conversation
+        (``RequestFeatures.prefix_hash``), counted while the deepest block of its latest prompt is
+        held (the first to go), or while a prompt shorter than a block would be (sent within the last
+        ``capacity`` tokens)."""
         blocks = self._blocks
         for key in reversed(keys):
             self._tick += block_tokens
@@ -146,6 +158,9 @@ class PrefixIndex:
             else:
                 blocks[key] = (block_tokens, self._tick)
                 self._tokens += block_tokens
+        if conversation is not None:
+            self._conversations[conversation] = (keys[-1] if keys else None, self._tick)
+            self._conversations.move_to_end(conversation)
         self._evict()
 
     def _evict(self) -> None:
@@ -153,6 +168,13 @@ class PrefixIndex:
         while self._tokens > self.capacity and blocks:
             _, (tokens, _) = blocks.popitem(last=False)
             self._tokens -= tokens
+        # Conversations leave in the order they were last sent, as their deepest blocks do.
+        conversations, oldest = self._conversations, self._tick - self.capacity
+        while conversations:
+            deepest, tick = next(iter(conversations.values()))
+            if (deepest in blocks) if deepest is not None else tick >= oldest:
+                break
+            conversations.popitem(last=False)
 
     def reported(self, ages: Sequence[float], cached_tokens: int, block_tokens: float) -> None:
         """The engine says it reused ``cached_tokens`` of a prompt whose first ``len(ages)`` blocks

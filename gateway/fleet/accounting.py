@@ -45,16 +45,16 @@ class Accounts:
         engine's report with)."""
         index = self._index(entry)
         ages = index.ages(features.prefix_blocks, cached_blocks)
-        index.add(features.prefix_blocks, features.block_tokens)
+        index.add(features.prefix_blocks, features.block_tokens, features.prefix_hash)
         if self.share is not None and not _in_process(entry):
-            self.share.sent(entry.name, features.prefix_blocks, features.block_tokens)
+            self.share.sent(entry.name, features.prefix_blocks, features.block_tokens, features.prefix_hash)
         return ages
 
-    def learn(self, backend: str, keys: Sequence[int], block_tokens: float) -> None:
+    def learn(self, backend: str, keys: Sequence[int], block_tokens: float, conversation: int | None = None) -> None:
         """Another replica sent a prompt of ``keys`` to ``backend``: the engine holds its blocks now."""
         entry = self._entries().get(backend)
         if entry is not None and not _in_process(entry):
-            self._index(entry).add(keys, block_tokens)
+            self._index(entry).add(keys, block_tokens, conversation)
 
     def _index(self, entry: Entry) -> PrefixIndex:
         """The entry's prefix index, made with its first prompt, sized by its model's KV capacity."""

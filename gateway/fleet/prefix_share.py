@@ -11,10 +11,11 @@ Why Redis pub/sub: the replicas already share a Redis for limits and spend (``re
 message lost (a reconnect) costs some cache hits, never a wrong answer, so at-most-once delivery is
 enough; and nothing waits on it: a request's route is decided before its blocks are published.
 
-Messages are JSON, ``{"s": sender, "m": [[backend, block_tokens, [key, ...]], ...]}``; a replica
-skips its own. Sends are queued (bounded: when Redis is slow, the oldest news is dropped, counted)
-and published in batches from one task; received batches are applied on the event loop (an
-index update per prompt, as for the replica's own sends).
+Messages are JSON, ``{"s": sender, "m": [[backend, block_tokens, [key, ...], conversation], ...]}``
+(the conversation's key may be left off, as older replicas do); a replica skips its own. Sends are
+queued (bounded: when Redis is slow, the oldest news is dropped, counted) and published in batches
+from one task; received batches are applied on the event loop (an index update per prompt, as for
+the replica's own sends).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ MAX_KEYS = 1 << 16
 """Keys of one prompt in a message at most (a 1 MiB prompt in 16-byte blocks): larger is malformed."""
 RETRY_S = 1.0
 
-Learn = Callable[[str, Sequence[int], float], None]
-"""(backend, block keys, tokens per block): what another replica sent there."""
+Learn = Callable[[str, Sequence[int], float, int | None], None]
+"""(backend, block keys, tokens per block, conversation key): what another replica sent there."""
 
 
 class PrefixShare:
@@ -59,19 +60,20 @@ class PrefixShare:
         self._channel = channel
         self._timeout = timeout_s
         self.sender = secrets.token_hex(8)
-        self._queue: asyncio.Queue[tuple[str, float, Sequence[int]]] = asyncio.Queue(QUEUE)
+        self._queue: asyncio.Queue[tuple[str, float, Sequence[int], int | None]] = asyncio.Queue(QUEUE)
         self._tasks: list[asyncio.Task[None]] = []
         self.subscribed = asyncio.Event()
         """Set while the subscription is live (tests wait for it; a replica's news before it is lost)."""
 
-    def sent(self, backend: str, keys: Sequence[int], block_tokens: float) -> None:
-        """This replica sent a prompt of ``keys`` to ``backend``: tell the others (never blocks)."""
+    def sent(self, backend: str, keys: Sequence[int], block_tokens: float, conversation: int | None = None) -> None:
+        """This replica sent a prompt of ``keys`` (of ``conversation``) to ``backend``: tell the
+        others (never blocks)."""
         if not keys:
             return
         if self._queue.full():
             self._queue.get_nowait()
             self._count("dropped", 1)
-        self._queue.put_nowait((backend, block_tokens, keys))
+        self._queue.put_nowait((backend, block_tokens, keys, conversation))
 
     async def start(self) -> None:
         """Publishing and subscribing, in the background; returns once subscribed (or after the
@@ -101,7 +103,7 @@ class PrefixShare:
                 batch = [await self._queue.get()]
                 while len(batch) < BATCH and not self._queue.empty():
                     batch.append(self._queue.get_nowait())
-                body = orjson.dumps({"s": self.sender, "m": [[b, t, list(k)] for b, t, k in batch]})
+                body = orjson.dumps({"s": self.sender, "m": [[b, t, list(k), c] for b, t, k, c in batch]})
                 try:
                     await client.publish(self._channel, body)
                     self._count("sent", len(batch))
@@ -144,17 +146,20 @@ class PrefixShare:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             self._count("malformed", 1)
             return
-        for backend, keys, block_tokens in sends:
-            self._learn(backend, keys, block_tokens)
+        for backend, keys, block_tokens, conversation in sends:
+            self._learn(backend, keys, block_tokens, conversation)
         self._count("received", len(sends))
 
 
-def _send(item: object) -> tuple[str, tuple[int, ...], float]:
-    if not isinstance(item, list) or len(item) != 3:
-        raise ValueError("not [backend, block_tokens, keys]")
-    backend, block_tokens, keys = item
+def _send(item: object) -> tuple[str, tuple[int, ...], float, int | None]:
+    if not isinstance(item, list) or len(item) not in (3, 4):
+        raise ValueError("not [backend, block_tokens, keys, conversation]")
+    backend, block_tokens, keys, *rest = item
+    conversation = rest[0] if rest else None
     if not isinstance(backend, str) or not isinstance(block_tokens, int | float) or not isinstance(keys, list):
         raise ValueError("wrong types")
+    if conversation is not None and (not isinstance(conversation, int) or isinstance(conversation, bool)):
+        raise ValueError("conversation is not an integer")
     if len(keys) > MAX_KEYS or not all(isinstance(k, int) for k in keys) or not 0 < block_tokens < 1e6:
         raise ValueError("keys or block size out of range")
-    return backend, tuple(keys), float(block_tokens)
+    return backend, tuple(keys), float(block_tokens), conversation

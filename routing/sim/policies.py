@@ -276,7 +276,7 @@ class Enginegate:
             index = indexes[first.backend]
             job.expected_cached = first.prediction.cached_tokens
             job.ages = index.ages(r.blocks, min(len(r.blocks), job.expected_cached // r.block_tokens))
-            index.add(r.blocks, r.block_tokens)
+            index.add(r.blocks, r.block_tokens, r.key)
             if self._share_s is not None:
                 self._news.append((r.arrival_s + self._share_s, replica, first.backend, r.blocks, r.block_tokens))
         return next(v for v in views if v.name == first.backend)

@@ -75,13 +75,13 @@ def test_explain_shows_each_term_of_the_score(fleet: Path, capsys: pytest.Captur
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("#"))
     assert header.split()[-3:] == ["budget", "cost", "score"]
-    assert "cached  saves ms  saves GPU-ms  load/bound  home" in header
+    assert "cached  saves ms  saves GPU-ms  load/bound  convs  home" in header
     assert "score = (1×budget + 0.2×cost) / 1.2 (routing.weights)" in out
     assert "routing.prefix.load_bound" in out and "at most 1.25x the fair share" in out
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line[:1].isdigit()}
     # a and b are the same hardware: the home (the rendezvous of the request's opening) tells them apart
-    assert {rows["a"][9], rows["b"][9]} == {"yes", "no"}
-    assert rows["a"][8] == "1/1" and rows["a"][5:8] == ["0", "0.0", "0.0"]
+    assert {rows["a"][10], rows["b"][10]} == {"yes", "no"}
+    assert rows["a"][8] == "1/1" and rows["a"][9] == "0" and rows["a"][5:8] == ["0", "0.0", "0.0"]
 
 
 def test_explain_says_which_budget_applied_and_where_it_came_from(

@@ -133,3 +133,42 @@ def test_a_few_requests_in_flight_never_force_a_conversation_off_its_cache() -> 
         decision = choose(f, fleet, Rules())
         assert decision.candidates[0].backend == "home", (at_home, elsewhere, decision.candidates)
         assert not decision.candidates[0].over_bound
+
+
+def _sessions_held(n: int, start: int) -> tuple[object, list[list[dict[str, str]]]]:
+    """A llama-server-sized index holding the opening turns of ``n`` conversations."""
+    index = _holding([], capacity=1e6)
+    sessions = [chat(f"Session {start + i}: check the tool output of build {start + i}. " * 6) for i in range(n)]
+    for messages in sessions:
+        f = feats(messages)
+        index.add(f.prefix_blocks, f.block_tokens, f.prefix_hash)
+    return index, sessions
+
+
+def test_a_new_conversation_goes_where_fewer_conversations_live_not_where_a_client_just_finished() -> None:
+    # Six clients, eight sessions, three 3-slot engines: the first six conversations spread two a
+    # backend; the seventh went to "x" when its client finished there. The eighth arrives when x's other
+    # client finishes: x has the fewest requests in flight but already holds three of its three slots'
+    # conversations (placed by requests in flight, it went there in 2 of 5 real runs, and every turn
+    # then evicted another session's history).
+    x, x_sessions = _sessions_held(3, 0)
+    y, _ = _sessions_held(2, 3)
+    z, _ = _sessions_held(2, 5)
+    assert (x.conversations, y.conversations, z.conversations) == (3, 2, 2)  # type: ignore[attr-defined]
+    fleet = FleetSnapshot(
+        (
+            replace(_llama_server("x", 1, x), profile=replace(_llama_server("x", 1).profile, max_concurrency=3)),
+            replace(_llama_server("y", 2, y), profile=replace(_llama_server("y", 2).profile, max_concurrency=3)),
+            replace(_llama_server("z", 2, z), profile=replace(_llama_server("z", 2).profile, max_concurrency=3)),
+        ),
+        {"llama-8b": TINY},
+    )
+    f = feats(chat("Session 7: check the tool output of build 7. " * 6))
+    decision = choose(f, fleet, Rules())
+    by_name = {c.backend: c for c in decision.candidates}
+    assert decision.candidates[0].backend in ("y", "z"), decision.candidates
+    assert by_name["x"].over_bound and by_name["x"].terms["conversations"] == 3
+    assert "convs" in render(decision, f, fleet, Rules())
+    # A continuing conversation of x's is not moved by it: the bound on conversations is for new ones.
+    turn = [*x_sessions[0], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Next?"}]
+    assert choose(feats(turn), fleet, Rules()).candidates[0].backend == "x"

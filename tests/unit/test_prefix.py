@@ -267,16 +267,43 @@ def test_a_replica_learns_what_the_others_sent_and_skips_its_own_and_malformed_n
 
     from gateway.fleet.prefix_share import PrefixShare
 
-    learned: list[tuple[str, tuple[int, ...], float]] = []
+    learned: list[tuple[str, tuple[int, ...], float, int | None]] = []
     counts: dict[str, int] = {}
 
     def count(direction: str, prompts: int) -> None:
         counts[direction] = counts.get(direction, 0) + prompts
 
-    share = PrefixShare("redis://unused", lambda b, k, t: learned.append((b, tuple(k), t)), count=count)
-    share.apply(orjson.dumps({"s": "other", "m": [["x", 64.0, [1, 2, 3]], ["y", 60, [4]]]}))
+    share = PrefixShare("redis://unused", lambda b, k, t, c: learned.append((b, tuple(k), t, c)), count=count)
+    # The conversation's key is the fourth item; an older replica sends three.
+    share.apply(orjson.dumps({"s": "other", "m": [["x", 64.0, [1, 2, 3], 77], ["y", 60, [4]]]}))
     share.apply(orjson.dumps({"s": share.sender, "m": [["x", 64.0, [9]]]}))  # its own: already known
-    for bad in (b"not json", b'{"s": "other"}', orjson.dumps({"s": "o", "m": [["x", 64, ["k"]]]})):
+    bad_news = (
+        b"not json", b'{"s": "other"}', orjson.dumps({"s": "o", "m": [["x", 64, ["k"]]]}),
+        orjson.dumps({"s": "o", "m": [["x", 64, [1], "c"]]}),
+    )  # fmt: skip
+    for bad in bad_news:
         share.apply(bad)
-    assert learned == [("x", (1, 2, 3), 64.0), ("y", (4,), 60.0)]
-    assert counts == {"received": 2, "malformed": 3}
+    assert learned == [("x", (1, 2, 3), 64.0, 77), ("y", (4,), 60.0, None)]
+    assert counts == {"received": 2, "malformed": 4}
+
+
+def test_the_index_counts_the_conversations_whose_latest_prompt_it_holds() -> None:
+    index = PrefixIndex(4 * 1024)
+    first = chat("Conversation one: " + "the pump must be primed. " * 40)
+    second = chat("Conversation two: " + "the valve must be closed. " * 40)
+    for messages in (first, [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]):
+        f = feats(messages)
+        index.add(f.prefix_blocks, f.block_tokens, f.prefix_hash)
+    assert index.conversations == 1  # two turns of one conversation
+    f = feats(second)
+    index.add(f.prefix_blocks, f.block_tokens, f.prefix_hash)
+    assert index.conversations == 2
+    index.add((), 40.0, 12345)  # a prompt shorter than a block: counted by its key alone
+    assert index.conversations == 3
+    # Evicted, a conversation is no longer held: a long prompt pushes the first two's blocks out (the
+    # short one was sent less than the index's capacity ago: it would still be held).
+    big = feats(chat("Another: " + "x y z " * 2400))
+    index.add(big.prefix_blocks, big.block_tokens, big.prefix_hash)
+    assert index.conversations == 2
+    index.add(big.prefix_blocks, big.block_tokens, big.prefix_hash)
+    assert index.conversations == 1
