@@ -40,6 +40,7 @@ from routing.sim.policies import Policy  # noqa: E402
 from routing.sim.simulate import SimFleet  # noqa: E402
 from routing.sim.sweep import all_policies, parse_shares, sweep  # noqa: E402
 from routing.sim.traces import TraceRow, load_trace  # noqa: E402
+from routing.sim.truth import NOISE_SIGMA  # noqa: E402
 from routing.sim.workload import chat_sessions  # noqa: E402
 from routing.types import BackendProfile, ModelSpec  # noqa: E402
 
@@ -194,9 +195,16 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--policies", help="comma-separated subset of the policies (default: all)")
     parser.add_argument("--workloads", help="comma-separated first words of the workloads (azure,chat,mooncake)")
+    parser.add_argument(
+        "--noise-sigma", type=float,
+        help=f"the ground truth's step noise (default {NOISE_SIGMA}; benchmarks/results/engine_truth.md measured "
+        "0.18 on a CPU llama-server)",
+    )  # fmt: skip
     args = parser.parse_args()
     mixed = sim_fleet(load_config(args.config))
     uniform = replace(uniform_fleet(), admission_s=mixed.admission_s, rules=mixed.rules)  # the config's routing
+    if args.noise_sigma is not None:
+        mixed, uniform = (replace(f, truth=replace(f.truth, noise_sigma=args.noise_sigma)) for f in (mixed, uniform))
     names = [n.strip() for n in args.policies.split(",")] if args.policies else None
     if names is not None and "enginegate" not in names:
         parser.error("--policies must include enginegate (the verdicts compare against it)")
@@ -214,7 +222,9 @@ def main() -> None:
         "# Routing benchmark",
         "",
         f"Seed {args.seed}; default budget mix{'; quick run (shortened traces)' if args.quick else ''}; "
-        f"policies: {', '.join(names) if names else 'all'}. Written by `benchmarks/routing.py`.",
+        f"policies: {', '.join(names) if names else 'all'}"
+        + (f"; step noise sigma {args.noise_sigma:g}" if args.noise_sigma is not None else "")
+        + ". Written by `benchmarks/routing.py`.",
         "",
         header_note(),
     ]
