@@ -6,7 +6,8 @@
 One instant upstream (``benchmarks/fake_engine.py``: 16 canned tokens, streamed when asked, one JSON body
 otherwise) behind each target in turn: nothing (``direct``), nginx ``proxy_pass`` with keep-alive
 upstream connections, ``vllm-router`` and ``smg`` (SGLang's model gateway; both Rust), LiteLLM's proxy,
-and enginegate with one worker and with ``--workers``. Peers come from PyPI into throwaway virtual
+and enginegate with one worker and with ``--workers`` (and, as ``enginegate-granian``, the same app under
+granian's Rust HTTP core instead of uvicorn, when ``ENVS/granian`` has it). Peers come from PyPI into throwaway virtual
 environments under ``--envs`` (``python -m venv ENVS/NAME && ENVS/NAME/bin/pip install NAME``; LiteLLM as
 ``litellm[proxy]``): never a project dependency. A target whose program is missing is left out and said.
 
@@ -155,6 +156,29 @@ def enginegate(port: int, engine: str, work: Path, workers: int) -> list[str]:
             "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
 
 
+def granian(port: int, engine: str, work: Path, envs: Path) -> list[str] | None:
+    """The same gateway app (one worker) under granian's Rust HTTP core instead of uvicorn: a measurement
+    of the protocol layer only. It runs without what enginegate's uvicorn layer adds (its header and
+    body limits, one write per response, the graceful drain), so it is not a way to serve."""
+    binary = envs / "granian" / "bin" / "granian"
+    if not binary.exists():
+        return None
+    config = Path(enginegate(port, engine, work, 1)[3])
+    (work / "granian.env").write_text(str(config))
+    return [str(binary), "--interface", "asgi", "--factory", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "1", "--log-level", "warning", "gateway.app:from_environment"]  # fmt: skip
+
+
+def granian_env(work: Path) -> dict[str, str]:
+    """The gateway's config, and its code and dependencies from this interpreter (granian's own
+    environment has only granian)."""
+    import site
+
+    paths = [str(Path(__file__).resolve().parent.parent), *site.getsitepackages()]
+    return {"ENGINEGATE_CONFIG": (work / "granian.env").read_text(), "ENGINEGATE_LOG_LEVEL": "warning",
+            "PYTHONPATH": os.pathsep.join(paths)}  # fmt: skip
+
+
 def commands(engine: str, work: Path, envs: Path, workers: int) -> dict[str, Callable[[int], list[str] | None]]:
     """Each target's command for a port (None: not installed here)."""
 
@@ -175,6 +199,7 @@ def commands(engine: str, work: Path, envs: Path, workers: int) -> dict[str, Cal
         "smg": peer("smg", "launch"),
         "litellm": lambda port: litellm(port, engine, work, envs) if (envs / "litellm/bin/litellm").exists() else None,
         "enginegate": lambda port: enginegate(port, engine, work, 1),
+        "enginegate-granian": lambda port: granian(port, engine, work, envs),
         f"enginegate-{workers}w": lambda port: enginegate(port, engine, work, workers),
     }
 
@@ -190,7 +215,7 @@ def start(names: list[str], engine: str, work: Path, envs: Path, workers: int) -
         if cmd is None:
             print(f"{name}: not installed, left out (see --envs)", file=sys.stderr)
             continue
-        env = LITELLM_ENV if name == "litellm" else None
+        env = LITELLM_ENV if name == "litellm" else granian_env(work) if name == "enginegate-granian" else None
         target = Target(name, f"http://127.0.0.1:{port}", [_spawn(cmd, work / f"{name}.log", env)])
         try:
             _ready(target.url)
