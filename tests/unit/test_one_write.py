@@ -57,7 +57,9 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b'{"ok":true}'})
 
 
-def _served(path: str) -> list[bytes]:
+def _served(path: str, end: bytes) -> list[bytes]:
+    """The writes of one request to ``path``, once one ends with ``end`` (the response's last bytes)."""
+
     async def go() -> list[bytes]:
         config = Config(app=_app, http="httptools", log_config=None, lifespan="off")
         config.load()
@@ -67,7 +69,9 @@ def _served(path: str) -> list[bytes]:
         body = b"{}"
         head = f"POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         protocol.data_received(head.encode() + b"content-length: %d\r\n\r\n" % len(body) + body)
-        for _ in range(100):
+        deadline = asyncio.get_running_loop().time() + 10
+        while not (transport.writes and transport.writes[-1].endswith(end)):
+            assert asyncio.get_running_loop().time() < deadline, transport.writes
             await asyncio.sleep(0)
         return transport.writes
 
@@ -75,13 +79,13 @@ def _served(path: str) -> list[bytes]:
 
 
 def test_a_whole_answer_is_one_write() -> None:
-    writes = _served("/whole")
+    writes = _served("/whole", b'{"ok":true}')
     assert len(writes) == 1, writes
     assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b'\r\n\r\n{"ok":true}')
 
 
 def test_a_streams_head_goes_with_its_first_event() -> None:
-    writes = _served("/stream")
+    writes = _served("/stream", b"0\r\n\r\n")
     assert len(writes) == 3, writes
     assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n")
 
