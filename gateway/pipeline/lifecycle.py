@@ -232,20 +232,20 @@ class RequestLife:
         if not self._open():
             return
         tokens = usage.completion_tokens if usage else 0
-        candidates = self.decision.candidates if self.decision is not None else ()
-        ttft_ms, tpot_s = self.ttft_s * 1000, None
-        prior = next((c.prediction.prior_ttft_ms for c in candidates if c.backend == entry.name), None)
-        if self.chosen_whole:  # no first token seen before its end: the breaker hears of it, the estimator
-            ttft_ms = -1.0  # learns from the engine's streamed answers (``generation.needs_first``)
-        elif tokens > 1:
-            tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1)
-        self._tpot_s = tpot_s
-        tpot_ms = None if tpot_s is None else tpot_s * 1000
-        if ttft_ms < 0:
+        tpot_s = None
+        if self.chosen_whole:
+            # No first token seen before its end: the breaker hears of it, the estimator learns from the
+            # engine's streamed answers (``generation.needs_first``).
             self.state.fleet.accounts.answered(entry)
         else:
+            if tokens > 1:
+                tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1)
+            candidates = self.decision.candidates if self.decision is not None else ()
+            prior = next((c.prediction.prior_ttft_ms for c in candidates if c.backend == entry.name), None)
+            ttft_ms, tpot_ms = self.ttft_s * 1000, None if tpot_s is None else tpot_s * 1000
             out = usage.completion_tokens if usage is not None and not cancelled else None
             self.state.fleet.accounts.succeeded(entry, ttft_ms if prior is None else prior, ttft_ms, tpot_ms, out)
+        self._tpot_s = tpot_s
         if usage is not None and usage.cached_tokens is not None:
             self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
