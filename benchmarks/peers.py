@@ -146,14 +146,22 @@ LITELLM_ENV = {"LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
 """A proxy on loopback without keys, as every other target here runs (LiteLLM refuses to start otherwise)."""
 
 
-def enginegate(port: int, engine: str, work: Path, workers: int) -> list[str]:
-    config = work / f"enginegate-{workers}.yaml"
-    config.write_text(
+def gateway_config(engine: str, path: Path) -> Path:
+    """enginegate's config for the target at ``path``: the fake engine as its one vLLM backend."""
+    path.write_text(
         f"models: [{{name: {MODEL}, params_b: 8}}]\n"
         f"backends: [{{name: fake, engine: vllm, url: '{engine}', model: {MODEL}, gpu: H100}}]\n"
     )
+    return path
+
+
+def enginegate(port: int, engine: str, work: Path, workers: int) -> list[str]:
+    config = gateway_config(engine, work / f"enginegate-{workers}.yaml")
     return [str(Path(sys.executable).parent / "enginegate"), "serve", "--config", str(config), "--port", str(port),
             "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
+
+
+GRANIAN_CONFIG = "enginegate-granian.yaml"
 
 
 def granian(port: int, engine: str, work: Path, envs: Path) -> list[str] | None:
@@ -163,8 +171,7 @@ def granian(port: int, engine: str, work: Path, envs: Path) -> list[str] | None:
     binary = envs / "granian" / "bin" / "granian"
     if not binary.exists():
         return None
-    config = Path(enginegate(port, engine, work, 1)[3])
-    (work / "granian.env").write_text(str(config))
+    gateway_config(engine, work / GRANIAN_CONFIG)
     return [str(binary), "--interface", "asgi", "--factory", "--host", "127.0.0.1", "--port", str(port),
             "--workers", "1", "--log-level", "warning", "gateway.app:from_environment"]  # fmt: skip
 
@@ -175,7 +182,7 @@ def granian_env(work: Path) -> dict[str, str]:
     import site
 
     paths = [str(Path(__file__).resolve().parent.parent), *site.getsitepackages()]
-    return {"ENGINEGATE_CONFIG": (work / "granian.env").read_text(), "ENGINEGATE_LOG_LEVEL": "warning",
+    return {"ENGINEGATE_CONFIG": str(work / GRANIAN_CONFIG), "ENGINEGATE_LOG_LEVEL": "warning",
             "PYTHONPATH": os.pathsep.join(paths)}  # fmt: skip
 
 
