@@ -6,9 +6,11 @@
 One instant upstream (``benchmarks/fake_engine.py``: 16 canned tokens, streamed when asked, one JSON body
 otherwise) behind each target in turn: nothing (``direct``), nginx ``proxy_pass`` with keep-alive
 upstream connections, ``vllm-router`` and ``smg`` (SGLang's model gateway; both Rust), LiteLLM's proxy,
-and enginegate with one worker and with ``--workers`` (and, as ``enginegate-granian``, the same app under
-granian's Rust HTTP core instead of uvicorn, when ``ENVS/granian`` has it). Peers come from PyPI into throwaway virtual
-environments under ``--envs`` (``python -m venv ENVS/NAME && ENVS/NAME/bin/pip install NAME``; LiteLLM as
+``python-floor`` (``floor_proxy.py``: enginegate's server and engine client with nothing between
+them, the least a Python gateway on this stack costs), and enginegate with one worker and with
+``--workers`` (and, as ``enginegate-granian``, the same app under granian's Rust HTTP core instead of
+uvicorn, when ``ENVS/granian`` has it). Peers come from PyPI into throwaway virtual environments under
+``--envs`` (``python -m venv ENVS/NAME && ENVS/NAME/bin/pip install NAME``; LiteLLM as
 ``litellm[proxy]``): never a project dependency. A target whose program is missing is left out and said.
 
 Load is wrk's (Debian's ``wrk``). Each round runs every (stream, clients) pair through every target in
@@ -161,6 +163,12 @@ def enginegate(port: int, engine: str, work: Path, workers: int) -> list[str]:
             "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
 
 
+def floor(port: int) -> list[str]:
+    """The least a Python gateway on enginegate's stack costs (``benchmarks/floor_proxy.py``)."""
+    return [str(Path(sys.executable).parent / "uvicorn"), "benchmarks.floor_proxy:app", "--host", "127.0.0.1",
+            "--port", str(port), "--no-access-log", "--log-level", "warning"]  # fmt: skip
+
+
 GRANIAN_CONFIG = "enginegate-granian.yaml"
 
 
@@ -205,6 +213,7 @@ def commands(engine: str, work: Path, envs: Path, workers: int) -> dict[str, Cal
         "vllm-router": peer("vllm-router"),
         "smg": peer("smg", "launch"),
         "litellm": lambda port: litellm(port, engine, work, envs) if (envs / "litellm/bin/litellm").exists() else None,
+        "python-floor": lambda port: floor(port),
         "enginegate": lambda port: enginegate(port, engine, work, 1),
         "enginegate-granian": lambda port: granian(port, engine, work, envs),
         f"enginegate-{workers}w": lambda port: enginegate(port, engine, work, workers),
@@ -222,7 +231,12 @@ def start(names: list[str], engine: str, work: Path, envs: Path, workers: int) -
         if cmd is None:
             print(f"{name}: not installed, left out (see --envs)", file=sys.stderr)
             continue
-        env = LITELLM_ENV if name == "litellm" else granian_env(work) if name == "enginegate-granian" else None
+        env = (
+            LITELLM_ENV if name == "litellm"
+            else granian_env(work) if name == "enginegate-granian"
+            else {"ENGINE_URL": engine, "PYTHONPATH": str(ROOT)} if name == "python-floor"
+            else None
+        )  # fmt: skip
         target = Target(name, f"http://127.0.0.1:{port}", [_spawn(cmd, work / f"{name}.log", env)])
         try:
             _ready(target.url)
@@ -317,8 +331,8 @@ def ratios(samples: list[Sample]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--targets", default="direct,nginx,vllm-router,smg,litellm,enginegate,enginegate-2w",
-                        help="which to run (enginegate-Nw: N workers)")  # fmt: skip
+    every = "direct,nginx,vllm-router,smg,litellm,python-floor,enginegate,enginegate-2w"
+    parser.add_argument("--targets", default=every, help="which to run (enginegate-Nw: N workers)")
     parser.add_argument("--clients", default="1,16,64,256")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
