@@ -265,7 +265,11 @@ class WholeAnswers(Protocol):
     always; Triton's ensemble when the client does not stream). The gateway then waits for the whole
     answer under its answer deadline instead of the first-token one."""
 
-    def answers_whole(self, request: GenerationRequest) -> bool: ...
+    def answers_whole(self, request: GenerationRequest, whole: bool | None = None) -> bool:
+        """Whether ``request`` is answered whole; ``whole``: as if its own ``whole`` were this (the
+        gateway asks whether an engine would answer whole a request it did not ask whole, without a
+        copy of the request)."""
+        ...
 
 
 @runtime_checkable

@@ -115,7 +115,7 @@ class MiiRestBackend(HttpBackend):
         self.stop_round_tokens = stop_round_tokens
         """Tokens of the first round for requests with stop strings; 0: one request, generated to its end."""
 
-    def answers_whole(self, request: GenerationRequest) -> bool:
+    def answers_whole(self, request: GenerationRequest, whole: bool | None = None) -> bool:
         """Always: the REST gateway has no stream."""
         return True
 

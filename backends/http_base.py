@@ -210,9 +210,19 @@ class HttpBackend(abc.ABC):
     async def open_stream(
         self, request: GenerationRequest, path: str, payload: dict[str, Any]
     ) -> AsyncIterator[Response]:
-        """POST (with the request's id in ``X-Request-Id``) and yield the response once its status is
-        2xx. Leaving before the body's end closes the connection, which is how engines learn that a
-        request was cancelled."""
+        """``opened`` as a context: the response is released on leaving."""
+        response = await self.opened(request, path, payload)
+        try:
+            yield response
+        finally:
+            response.release()
+
+    async def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Response:
+        """POST (with the request's id in ``X-Request-Id``) and the response once its status is 2xx; the
+        caller releases it (``Response.release``: back to the pool if its body came in whole, else
+        closed: leaving before the body's end is how engines learn that a request was cancelled).
+        The hot path's adapters call this with their own ``try``/``finally``: a generator-based
+        context manager costs an object and two frames per request."""
         clock = request.clock
         started = time.perf_counter()
         rid = request.request_id
@@ -249,9 +259,10 @@ class HttpBackend(abc.ABC):
                     f"{self.name}: the engine answered {status} with text/html instead of JSON or "
                     "an event stream (a login page or a proxy's error page?)",
                 )
-            yield response
-        finally:
-            response.release()  # back to the pool if the body came in whole, else closed
+        except BaseException:
+            response.release()  # an error's body was read whole: back to the pool
+            raise
+        return response
 
     async def post_json(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Any:
         """POST ``payload`` to one of the engine's small JSON routes (a tokenizer's) and the parsed answer;

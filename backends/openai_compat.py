@@ -117,11 +117,12 @@ class OpenAICompatBackend(HttpBackend):
         """The request's capability fields in the engine's own form (called only when it uses one)."""
         return openai_fields(request, self.capabilities)
 
-    def answers_whole(self, request: GenerationRequest) -> bool:
+    def answers_whole(self, request: GenerationRequest, whole: bool | None = None) -> bool:
         """``WholeAnswers``: asked whole when the gateway needs nothing of the answer before its end. With
         ``n`` > 1 an engine that counts usage per choice (llama-server) is streamed, where its reports are
         added up."""
-        return request.whole and self.asks_whole and (request.n == 1 or not self.usage_per_choice)
+        asked_whole = request.whole if whole is None else whole
+        return asked_whole and self.asks_whole and (request.n == 1 or not self.usage_per_choice)
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         fields = self.engine_fields(request) if uses_fields(request) else {}
@@ -132,7 +133,8 @@ class OpenAICompatBackend(HttpBackend):
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
         answer = _Answer(request, self)
         payload = self.payload(request)
-        async with self.open_stream(request, path, payload) as response:
+        response = await self.opened(request, path, payload)
+        try:
             if not payload["stream"]:
                 doc = self.json_event((await self._read(response, request.clock)).decode("utf-8", "replace"))
                 if isinstance(doc, dict) and "error" in doc:  # an error in a 200 answer, as in a stream
@@ -147,6 +149,8 @@ class OpenAICompatBackend(HttpBackend):
                         yield chunk
                     if not self.ask_usage and answer.finished():
                         break  # nothing more worth reading: closing also stops the engine
+        finally:
+            response.release()
         for chunk in answer.ends():
             yield chunk
 

@@ -279,8 +279,9 @@ class TritonTrtllmBackend(HttpBackend):
         if text_output != "whole":
             self.capabilities = TRITON_STREAMED_CAPABILITIES
 
-    def answers_whole(self, request: GenerationRequest) -> bool:
-        """``whole`` answers a request whole unless its client streams and the deployment can stream."""
+    def answers_whole(self, request: GenerationRequest, whole: bool | None = None) -> bool:
+        """``whole`` answers a request whole unless its client streams and the deployment can stream
+        (whether the gateway asked it whole does not matter)."""
         return self.text_output == "whole" and not (request.stream and self.decoupled)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:

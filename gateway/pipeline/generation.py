@@ -215,7 +215,7 @@ class Generation:
             self._streamed.add(target.name)
             gen = replace(gen, whole=False)
         at_once = whole.answers_whole(gen)
-        if at_once and gen.whole and not whole.answers_whole(replace(gen, whole=False)):
+        if at_once and gen.whole and not whole.answers_whole(gen, whole=False):
             self.chosen_whole.add(target.name)
         return at_once
 

@@ -144,7 +144,7 @@ def test_an_adapter_bug_is_the_gateways_fault_not_the_engines() -> None:
 class WholeAnswerBackend(ScriptedBackend):
     """Answers at once after ``first_delay`` (MII REST): the first chunk is the whole answer."""
 
-    def answers_whole(self, request: GenerationRequest) -> bool:
+    def answers_whole(self, request: GenerationRequest, whole: bool | None = None) -> bool:
         return True
 
 
