@@ -28,7 +28,8 @@ import orjson
 
 # The tree's packages, not this folder's scripts (benchmarks/routing.py would shadow routing/). A
 # PYTHONPATH given on the command line still comes first.
-sys.path.remove(str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent) in sys.path:  # run as a script (benchmarks/stages.py imports it)
+    sys.path.remove(str(Path(__file__).resolve().parent))
 sys.path.insert(
     len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]), str(Path(__file__).parents[1])
 )
