@@ -15,7 +15,6 @@ function costs about 0.2 µs a call, within the noise of every stage.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import os
