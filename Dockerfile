@@ -6,6 +6,7 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
 COPY routing ./routing
+COPY values ./values
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from values import value
+
 
 @dataclass(slots=True)
 class EngineClock:
@@ -22,7 +24,7 @@ class EngineClock:
     waited_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class GenerationRequest:
     """What to generate, independent of any engine's wire format.
 
@@ -92,7 +94,7 @@ class GenerationRequest:
         return self.temperature == 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -142,7 +144,7 @@ class TokenLogprob:
     top: tuple[TopLogprob, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Chunk:
     """A piece of the answer: text, and on the last chunk the finish reason and usage.
 

@@ -9,10 +9,10 @@ not one await per line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from values import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Event:
     data: str
     field: str = "data"

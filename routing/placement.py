@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 
 from routing.estimator import prefill_ms
 from routing.types import BackendState, Candidate, ModelSpec, Prediction, RequestFeatures, Rules
+from values import value
 
 HOPELESS_RATIO = 2.0
 """Predicted at more than this multiple of its budget on every backend, a request goes to the cheapest
@@ -133,7 +133,7 @@ def budget_term(ratio: float | None, e2e: float, fastest_e2e: float, closest_mis
     return 0.5 * closest_miss / ratio
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Scored:
     """The candidates with their scores, and whether the request is hopeless everywhere."""
 

@@ -11,7 +11,7 @@ every gateway replica computes alike) breaks ties.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from routing.estimator import fit_problem, predict
 from routing.placement import scored
@@ -29,6 +29,7 @@ from routing.types import (
     Rule,
     Rules,
 )
+from values import value
 
 DEFAULT_MAX_TOKENS = 256
 """Output length assumed for predictions when the request does not cap it."""
@@ -111,7 +112,7 @@ def with_rule_defaults(f: RequestFeatures, rule: Rule | None) -> RequestFeatures
     )
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _Plan:
     """What the matched rule (or the defaults) settles for one request."""
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from routing.catalog import EngineEfficiency, GpuSpec
+from values import value
 
 if TYPE_CHECKING:
     from routing.kv_exact import ExactIndex
     from routing.prefix import PrefixIndex
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RequestFeatures:
     model: str
     prompt_tokens: int
@@ -102,7 +103,7 @@ class Breaker(enum.Enum):
     OPEN = "open"
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Observed:
     """What traffic taught about one backend: smoothed TTFT error and time per output token."""
 
@@ -115,7 +116,7 @@ class Observed:
     own lengths are unknown), where an assumed 256 made a 20-token workload look 13 times slower."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class BackendState:
     """One backend as routing sees it now."""
 
@@ -147,7 +148,7 @@ class BackendState:
         return self.profile.name
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class FleetSnapshot:
     backends: tuple[BackendState, ...]
     models: dict[str, ModelSpec] = field(default_factory=dict)
@@ -265,7 +266,7 @@ class Reason(enum.Enum):
     """Every backend that could serve would queue the request past the admission limit: shed (503)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Prediction:
     ttft_ms: float
     tpot_ms: float
@@ -280,7 +281,7 @@ class Prediction:
     """Prompt tokens expected in the backend's prefix cache: its prefill skips them."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Candidate:
     backend: str
     score: float
@@ -303,7 +304,7 @@ class Candidate:
     """This request would take it over its bound (while another backend stays within its own)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Decision:
     """Ranked candidates (best first), why, what was left out and the rule that shaped it."""
 

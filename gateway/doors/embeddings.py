@@ -16,7 +16,7 @@ import base64
 import random
 import struct
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +29,7 @@ from gateway.http.errors import ApiError, bad_request
 from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.surfaces import Answer
 from routing.features import features
+from values import value
 
 if TYPE_CHECKING:
     from gateway.fleet.entry import Entry
@@ -112,7 +113,7 @@ def document(body: EmbeddingsBody, model: str, result: EmbedResult, matryoshka: 
     return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class Embedded(Chunk):
     """An embedding's answer as dispatch carries it: one finished chunk with the vectors."""
 

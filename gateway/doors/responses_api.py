@@ -12,7 +12,7 @@ take them, else the routing refuses them by name). The body's models are in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,6 +35,7 @@ from gateway.doors.responses_bodies import (
 from gateway.doors.responses_events import ResponsesAnswer
 from gateway.http.errors import ApiError, bad_request
 from gateway.pipeline.surfaces import Asked
+from values import value
 
 __all__ = ["RESPONSES", "ResponsesBody", "ResponsesSurface", "messages", "parse", "to_generation"]
 
@@ -203,7 +204,7 @@ def _described(body: ResponsesBody) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class AskedResponse(Asked):
     echo: dict[str, Any] = field(default_factory=dict)
     """The request's settings the Response object repeats."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
+from values import value
 
 log = logging.getLogger("enginegate.dispatch")
 
@@ -100,7 +101,7 @@ def answers_whole(backend: Backend, request: GenerationRequest) -> bool:
     return isinstance(backend, WholeAnswers) and backend.answers_whole(request)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Deadlines:
     first_token_s: float
     """A streaming engine's first content must arrive within this."""

@@ -18,12 +18,13 @@ A ``Door`` or ``Surface`` is stateless and shared; ``Work`` and an ``Answer`` be
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.base import Chunk, EngineClock, GenerationRequest, Usage
 from gateway.config import LimitsConfig
 from gateway.http.errors import ApiError
+from values import value
 
 if TYPE_CHECKING:
     from gateway.fleet.entry import Entry
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from routing.types import Decision, FleetSnapshot, RequestFeatures
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Asked:
     """A surface's request, understood: what to generate and how the client wants the answer."""
 

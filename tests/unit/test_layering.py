@@ -1,6 +1,6 @@
 """The architecture as a test: no import cycle between modules, and packages import only downwards.
 
-Every module of ``gateway/``, ``backends/`` and ``routing/`` is parsed (never imported) and every
+Every module of ``gateway/``, ``backends/``, ``routing/`` and ``values/`` is parsed (never imported) and every
 import counts: at module level, inside functions (a lazy import is still a dependency, only a later
 one) and under ``TYPE_CHECKING`` (a module that names another's types changes when they change; a
 lower layer that needs a higher one's object says what it needs as a ``Protocol`` of its own, as
@@ -15,11 +15,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "backends", "routing")
+PACKAGES = ("gateway", "backends", "routing", "values")
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # Lowest first. A module may import its own group and any group of a lower layer; groups that
     # share a layer are independent of each other. A module belongs to the longest group naming it.
+    ("values",),  # the request path's immutable records (``@value``), shared by everything above
     ("routing", "backends"),  # the pure policy; the engine adapters: neither knows the gateway nor the other
     ("gateway.strict",),  # the one strict base of every pydantic model at the edges
     ("gateway.tenancy.settings",),  # the auth: and redis: sections of the config schema
