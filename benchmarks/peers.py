@@ -7,11 +7,13 @@ One instant upstream (``benchmarks/fake_engine.py``: 16 canned tokens, streamed 
 otherwise) behind each target in turn: nothing (``direct``), nginx ``proxy_pass`` with keep-alive
 upstream connections, ``vllm-router`` and ``smg`` (SGLang's model gateway; both Rust), LiteLLM's proxy,
 ``python-floor`` (``floor_proxy.py``: enginegate's server and engine client with nothing between
-them, the least a Python gateway on this stack costs), and enginegate with one worker and with
-``--workers`` (and, as ``enginegate-granian``, the same app under granian's Rust HTTP core instead of
-uvicorn, when ``ENVS/granian`` has it). Peers come from PyPI into throwaway virtual environments under
-``--envs`` (``python -m venv ENVS/NAME && ENVS/NAME/bin/pip install NAME``; LiteLLM as
-``litellm[proxy]``): never a project dependency. A target whose program is missing is left out and said.
+them, the least a Python gateway on this stack costs), and enginegate with one worker, with
+``--workers``, as ``enginegate-fleet`` with eight backends of two models in its config (the same
+upstream behind each; four candidates per request) and, as ``enginegate-granian``, under granian's
+Rust HTTP core instead of uvicorn when ``ENVS/granian`` has it. Peers come from PyPI into throwaway
+virtual environments under ``--envs`` (``python -m venv ENVS/NAME && ENVS/NAME/bin/pip install
+NAME``; LiteLLM as ``litellm[proxy]``): never a project dependency. A target whose program is
+missing is left out and said.
 
 Load is wrk's (Debian's ``wrk``). Each round runs every (stream, clients) pair through every target in
 turn, after a warm-up, so a drift of the machine hits all alike; the table shows the median of the
@@ -148,17 +150,28 @@ LITELLM_ENV = {"LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
 """A proxy on loopback without keys, as every other target here runs (LiteLLM refuses to start otherwise)."""
 
 
-def gateway_config(engine: str, path: Path) -> Path:
-    """enginegate's config for the target at ``path``: the fake engine as its one vLLM backend."""
-    path.write_text(
-        f"models: [{{name: {MODEL}, params_b: 8}}]\n"
-        f"backends: [{{name: fake, engine: vllm, url: '{engine}', model: {MODEL}, gpu: H100}}]\n"
-    )
+def gateway_config(engine: str, path: Path, fleet: bool = False) -> Path:
+    """enginegate's config for the target at ``path``: the fake engine as its one vLLM backend, or
+    (``fleet``) as eight backends of two models on three kinds of GPU, four serving the benchmark's
+    model, so that routing costs what it costs in production (every request has four candidates)."""
+    if not fleet:
+        path.write_text(
+            f"models: [{{name: {MODEL}, params_b: 8}}]\n"
+            f"backends: [{{name: fake, engine: vllm, url: '{engine}', model: {MODEL}, gpu: H100}}]\n"
+        )
+        return path
+    gpus = ("H100", "A100-80GB", "L4", "H200")
+    lines = [f"models: [{{name: {MODEL}, params_b: 8}}, {{name: other, params_b: 70}}]", "backends:"]
+    for i in range(8):
+        model, count = (MODEL, 1) if i % 2 == 0 else ("other", 4)
+        lines.append(f"  - {{name: b{i}, engine: vllm, url: '{engine}', model: {model}, gpu: {gpus[i // 2]}, "
+                     f"gpu_count: {count}, served_model: {MODEL}}}")  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def enginegate(port: int, engine: str, work: Path, workers: int) -> list[str]:
-    config = gateway_config(engine, work / f"enginegate-{workers}.yaml")
+def enginegate(port: int, engine: str, work: Path, workers: int, fleet: bool = False) -> list[str]:
+    config = gateway_config(engine, work / f"enginegate-{workers}{'-fleet' if fleet else ''}.yaml", fleet)
     return [str(Path(sys.executable).parent / "enginegate"), "serve", "--config", str(config), "--port", str(port),
             "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
 
@@ -215,6 +228,7 @@ def commands(engine: str, work: Path, envs: Path, workers: int) -> dict[str, Cal
         "litellm": lambda port: litellm(port, engine, work, envs) if (envs / "litellm/bin/litellm").exists() else None,
         "python-floor": lambda port: floor(port),
         "enginegate": lambda port: enginegate(port, engine, work, 1),
+        "enginegate-fleet": lambda port: enginegate(port, engine, work, 1, fleet=True),
         "enginegate-granian": lambda port: granian(port, engine, work, envs),
         f"enginegate-{workers}w": lambda port: enginegate(port, engine, work, workers),
     }
@@ -331,7 +345,7 @@ def ratios(samples: list[Sample]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    every = "direct,nginx,vllm-router,smg,litellm,python-floor,enginegate,enginegate-2w"
+    every = "direct,nginx,vllm-router,smg,litellm,python-floor,enginegate,enginegate-fleet,enginegate-2w"
     parser.add_argument("--targets", default=every, help="which to run (enginegate-Nw: N workers)")
     parser.add_argument("--clients", default="1,16,64,256")
     parser.add_argument("--rounds", type=int, default=3)
