@@ -82,6 +82,8 @@ def home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures)
     else:
         idlest = min(busy(s) for s in alive)
         alive = [s for s in alive if busy(s) <= idlest]
+    if len(alive) == 1:  # nothing to order (one backend alone is within any bound of its own mean)
+        return alive[0].name
     ranked = sorted(alive, key=lambda s: -_share(f.prefix_hash, s.name))
     tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]
     bound = HOME_BOUND * sum(tokens) / len(tokens)
