@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,10 +97,16 @@ async def main() -> None:
     tracing = {"otlp": args.otlp, "sampling": args.sampling} if args.otlp else {}
     mode = {"engine": "http"} if args.http else {}
     print(json.dumps({"tree": str(Path(gateway.app.__file__).parents[1]), **tracing, **mode, **best}))
+    finish(task, engines)
+
+
+def finish(task: asyncio.Task[None], engines: list[subprocess.Popen[bytes]]) -> None:
+    """The run is over: the engines stop, and the process ends here (the fleet's poller and the app's
+    lifespan need no orderly end)."""
     task.cancel()
     for proc in engines:
         proc.terminate()
-    os._exit(0)  # the fleet's poller and the app's lifespan need no orderly end here
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(
 import uvloop
 
 from benchmarks.asgi import started
-from benchmarks.inprocess import _app, _one
+from benchmarks.inprocess import _app, _one, finish
 from gateway.http import exchange
 from gateway.pipeline import dispatch, generation, lifecycle, serve
 
@@ -100,10 +100,7 @@ async def main() -> None:
     total = (time.process_time() - cpu) / REQUESTS * 1e6
     stages = {label: round(spent[label] / REQUESTS * 1e6, 1) for label, *_ in STAGES}
     print(json.dumps({"stream": args.stream, "http": args.http, "cpu_us_per_request": round(total, 1), **stages}))
-    task.cancel()
-    for proc in engines:
-        proc.terminate()
-    os._exit(0)  # the fleet's poller and the app's lifespan need no orderly end here
+    finish(task, engines)
 
 
 if __name__ == "__main__":
