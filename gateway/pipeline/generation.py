@@ -210,12 +210,12 @@ class Generation:
         whole = target.whole
         if whole is None:
             return False
-        gen = self.gen
-        if gen.whole and self.needs_first is not None and self.needs_first(target):
+        asked_whole = self.gen.whole
+        if asked_whole and self.needs_first is not None and self.needs_first(target):
             self._streamed.add(target.name)
-            gen = replace(gen, whole=False)
-        at_once = whole.answers_whole(gen)
-        if at_once and gen.whole and not whole.answers_whole(gen, whole=False):
+            asked_whole = False
+        at_once = whole.answers_whole(self.gen, whole=asked_whole)
+        if at_once and asked_whole and not whole.answers_whole(self.gen, whole=False):
             self.chosen_whole.add(target.name)
         return at_once
 
