@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
+from routing.catalog import PREFILL_CHUNK_TOKENS
 from routing.types import BackendProfile, BackendState, ModelSpec, Observed, Prediction
 
 ALPHA = 0.2
@@ -26,16 +26,13 @@ TYPICAL_OUTPUT_TOKENS = 256
 
 
 def prefill_ms(model: ModelSpec, state: BackendState, prompt_tokens: int) -> float:
-    p = state.profile
-    flops = p.gpu.tflops * 1e12 * p.gpu_count * p.efficiency.prefill_mfu
-    return 2 * model.params_b * 1e9 * max(prompt_tokens, 1) / flops * 1000
+    tokens = prompt_tokens if prompt_tokens > 1 else 1
+    return model.prefill_flop_per_token * tokens / state.profile.prefill_flops * 1000
 
 
 def decode_step_ms(model: ModelSpec, state: BackendState, context_tokens: int) -> float:
-    p = state.profile
-    bandwidth = p.gpu.bandwidth_gbs * 1e9 * p.gpu_count * p.efficiency.decode_mbu
-    batch = state.running + 1
-    return (model.weight_bytes + batch * model.kv_bytes_per_token * context_tokens) / bandwidth * 1000
+    read = model.weight_bytes + (state.running + 1) * model.kv_bytes_per_token * context_tokens
+    return read / state.profile.decode_bandwidth * 1000
 
 
 def predict(
@@ -43,57 +40,56 @@ def predict(
 ) -> Prediction:
     """``cached_tokens``: the prompt's tokens expected in the backend's prefix cache (at least its last
     token is always computed, as engines do)."""
-    p = state.profile
-    cached = max(0, min(cached_tokens, prompt_tokens - 1))
+    # Conditionals rather than min() and max(): this runs for every candidate of every request.
+    p, observed, running = state.profile, state.observed, state.running
+    last = prompt_tokens - 1
+    cached = cached_tokens if cached_tokens <= last else last
+    if cached < 0:
+        cached = 0
     fresh = prompt_tokens - cached
-    out = max(max_tokens, 1)
+    out = max_tokens if max_tokens > 1 else 1
     step = decode_step_ms(model, state, prompt_tokens + out // 2)
     tpot = step
-    if state.observed.tpot_ms is not None and state.observed.samples >= MIN_SAMPLES:
-        tpot = state.observed.tpot_ms * (state.running + 1) / max(1, min(state.running + 1, p.max_concurrency))
+    if observed.tpot_ms is not None and observed.samples >= MIN_SAMPLES:
+        batch = running + 1 if running + 1 <= p.max_concurrency else p.max_concurrency
+        tpot = observed.tpot_ms * (running + 1) / (batch if batch > 1 else 1)
     room = slots(model, state, prompt_tokens + out)
-    ahead = state.waiting + state.running + 1 - room
+    ahead = state.waiting + running + 1 - room
     queue = 0.0
     if ahead > 0:
-        service = prefill_ms(model, state, fresh) + typical_output(state.observed) * tpot
+        service = prefill_ms(model, state, fresh) + typical_output(observed) * tpot
         queue = ahead * service / room
     # The prompt is prefilled after the prompts sent before it, a chunk per engine iteration, and every
     # iteration also decodes one token for each running sequence.
     prefill_tokens = state.prefill_backlog_tokens + fresh
     iterations = -(-prefill_tokens // PREFILL_CHUNK_TOKENS)
-    prefill = prefill_ms(model, state, prefill_tokens) + (iterations * step if state.running else 0.0)
+    prefill = prefill_ms(model, state, prefill_tokens) + (iterations * step if running else 0.0)
     prior = p.efficiency.overhead_ms + queue + prefill
-    ttft = prior * state.observed.ttft_ratio
-    return Prediction(
-        ttft_ms=ttft,
-        tpot_ms=tpot,
-        e2e_ms=ttft + tpot * (out - 1),
-        queue_ms=queue,
-        prior_ttft_ms=prior,
-        slots=room,
-        cached_tokens=cached,
-    )
+    ttft = prior * observed.ttft_ratio
+    # Positional (ttft, tpot, e2e, queue, prior_ttft, slots, cached_tokens), as Candidate's.
+    return Prediction(ttft, tpot, ttft + tpot * (out - 1), queue, prior, room, cached)
 
 
 def kv_capacity_tokens(model: ModelSpec, profile: BackendProfile) -> float:
     """Tokens of KV cache the backend's memory holds beside the weights: what its prefix cache can keep."""
-    room = profile.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
+    room = profile.usable_bytes - model.weight_bytes
     return max(0.0, room / model.kv_bytes_per_token)
 
 
 def slots(model: ModelSpec, state: BackendState, tokens_per_sequence: int) -> int:
     """Sequences the backend runs at once: its concurrency limit, or fewer when the KV cache fills first."""
     p = state.profile
-    kv_room = p.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
-    by_memory = int(kv_room / (model.kv_bytes_per_token * max(1, tokens_per_sequence)))
+    kv_room = p.usable_bytes - model.weight_bytes
+    by_memory = int(kv_room / (model.kv_bytes_per_token * (tokens_per_sequence if tokens_per_sequence > 1 else 1)))
     cap = p.max_concurrency if state.engine_slots is None else min(p.max_concurrency, state.engine_slots)
-    return max(1, min(cap, by_memory))
+    room = cap if cap <= by_memory else by_memory
+    return room if room > 1 else 1
 
 
 def memory_need(model: ModelSpec, profile: BackendProfile, tokens: int) -> tuple[float, float]:
     """(bytes one request of ``tokens`` needs with the weights, bytes the backend has usable for both)."""
     need = model.weight_bytes + model.kv_bytes_per_token * tokens
-    return need, profile.memory_gb * 1e9 * MEMORY_HEADROOM
+    return need, profile.usable_bytes
 
 
 def fit_problem(model: ModelSpec, state: BackendState, prompt_tokens: int, max_tokens: int) -> str | None:

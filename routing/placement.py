@@ -68,26 +68,31 @@ def busy(state: BackendState) -> float:
     return (state.running + state.waiting) / max(1, state.profile.max_concurrency)
 
 
-def home(alive: list[BackendState], matched: dict[str, int], f: RequestFeatures) -> str:
-    """The tie-break between candidates predicted alike: for a new conversation (nothing of it held
-    beyond the shared preamble), the least busy backends in the rendezvous order of its opening,
-    skipping those whose expected cache holds more than ``HOME_BOUND`` times the mean (so
-    conversations spread over an idle fleet however the hash falls, and every gateway replica
-    agrees); for a continuing one, the same among the backends holding about as much of it as the
-    best (a quarter less: after a failover it goes back to where it was)."""
-    beyond = max(matched[s.name] for s in alive) - f.preamble_blocks
+def home(alive: list[BackendState], matched: list[int], f: RequestFeatures) -> int:
+    """The tie-break between candidates predicted alike (its index in ``alive``): for a new
+    conversation (nothing of it held beyond the shared preamble), the least busy backends in the
+    rendezvous order of its opening, skipping those whose expected cache holds more than
+    ``HOME_BOUND`` times the mean (so conversations spread over an idle fleet however the hash falls,
+    and every gateway replica agrees); for a continuing one, the same among the backends holding
+    about as much of it as the best (a quarter less: after a failover it goes back to where it was).
+    ``matched``: the blocks of the prompt each backend is expected to hold."""
+    if len(alive) == 1:
+        return 0
+    beyond = max(matched) - f.preamble_blocks
     if beyond > 0:
         least = beyond - beyond // 4
-        alive = [s for s in alive if matched[s.name] - f.preamble_blocks >= least]
+        near = [i for i, blocks in enumerate(matched) if blocks - f.preamble_blocks >= least]
     else:
-        idlest = min(busy(s) for s in alive)
-        alive = [s for s in alive if busy(s) <= idlest]
-    if len(alive) == 1:  # nothing to order (one backend alone is within any bound of its own mean)
-        return alive[0].name
-    ranked = sorted(alive, key=lambda s: -_share(f.prefix_hash, s.name))
-    tokens = [s.prefix.tokens if s.prefix is not None else 0.0 for s in ranked]
+        shares = [busy(s) for s in alive]
+        idlest = min(shares)
+        near = [i for i, share in enumerate(shares) if share <= idlest]
+    if len(near) == 1:  # nothing to order (one backend alone is within any bound of its own mean)
+        return near[0]
+    order = {i: -_share(f.prefix_hash, alive[i].profile.name) for i in near}
+    ranked = sorted(near, key=order.__getitem__)
+    tokens = [prefix.tokens if (prefix := alive[i].prefix) is not None else 0.0 for i in ranked]
     bound = HOME_BOUND * sum(tokens) / len(tokens)
-    return next((s.name for s, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0].name)
+    return next((i for i, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0])
 
 
 def work_ms(model: ModelSpec, state: BackendState, p: Prediction, f: RequestFeatures, out: int) -> float:
@@ -147,8 +152,9 @@ class Scored:
 
 def scored(
     alive: list[BackendState],
-    predictions: dict[str, Prediction],
-    matched: dict[str, int],
+    preds: list[Prediction],
+    matched: list[int],
+    new: bool,
     probing: set[str],
     f: RequestFeatures,
     model: ModelSpec,
@@ -156,9 +162,9 @@ def scored(
     out: int,
 ) -> Scored:
     """Each backend's times priced with the capacity it takes, its score and where it stands against
-    its load bound (lists in ``alive``'s order: this runs on every request)."""
-    names = [s.name for s in alive]
-    preds = [predictions[name] for name in names]
+    its load bound (lists in ``alive``'s order, as ``preds`` and ``matched``, the blocks of the prompt
+    each holds: this runs on every request). ``new``: nothing of the conversation is held anywhere
+    beyond its preamble."""
     in_flight = [s.running + s.waiting for s in alive]
     work = [work_ms(model, s, p, f, out) for s, p in zip(alive, preds, strict=True)]
     # The GPU time beyond the least costly candidate's, times the fleet's share of slots in use: how
@@ -169,16 +175,55 @@ def scored(
     fastest = min(t[1] for t in times)
     cost = [s.profile.cost_per_hour * w for s, w in zip(alive, work, strict=True)]
     cheapest = min(cost)
-    tie = names.index(home(alive, matched, f))
-    new = max(matched.values()) <= f.preamble_blocks
-    ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds, strict=True)]
+    tie = home(alive, matched, f)
+    budgeted = f.ttft_budget_ms is not None or f.latency_budget_ms is not None or f.tpot_budget_ms is not None
+    ratios: list[float | None] = [None] * len(alive)
+    if budgeted:
+        ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds, strict=True)]
     if not new and (ratio := ratios[tie]) is not None:
         ratios[tie] = ratio / HOME_SLACK  # the conversation's history is there: see HOME_SLACK
     closest_miss = min((r for r in ratios if r is not None and r > 1), default=1.0)
-    # A continuing conversation's home may hold one request more than its bound: with a few requests
-    # in flight the bound rounds to one (1.25 x 2 requests / 3 backends), and three clients on three
-    # llama-servers moved every turn whose home was serving another client.
     held = [s.prefix.conversations if s.prefix is not None else 0 for s in alive]
+    over = _over_bound(alive, preds, in_flight, held, new, rules)
+    w = rules.weights
+    total = (w.budget + w.cost) or 1.0
+    candidates = []
+    for i, (s, p) in enumerate(zip(alive, preds, strict=True)):
+        name = s.profile.name
+        terms = {
+            "budget": budget_term(ratios[i], times[i][1], fastest, closest_miss),
+            "cost": cheapest / cost[i] if cost[i] > 0 else 1.0,
+            "home": 1.0 if i == tie else 0.0,
+            "conversations": float(held[i]),
+            "last_resort": 1.0 if name in probing else 0.0,
+        }
+        score = (w.budget * terms["budget"] + w.cost * terms["cost"]) / total
+        met = (not budgeted or meets(times[i], p, f)) or (i == tie and not new and (ratios[i] or 0.0) <= 1)
+        saved = prefill_ms(model, s, p.cached_tokens) if p.cached_tokens else 0.0  # prefill is linear in tokens
+        # Positional (saved_ms, saved_gpu_ms, capacity_ms, in_flight, bound, over_bound): keywords cost
+        # a microsecond per candidate on every request.
+        candidates.append(
+            Candidate(
+                name, round(score, 6), p, met, terms, saved * s.observed.ttft_ratio, saved, extra[i],
+                in_flight[i], over[i][0], over[i][1],
+            )
+        )  # fmt: skip
+    # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its
+    # budget it would only take that backend's capacity from requests that can still make theirs, so
+    # it takes the cheapest capacity instead (in the simulator this beat "least loaded" and "closest").
+    if closest_miss > 1 and any(c.meets_budget for c in candidates):
+        closest_miss = 1.0  # one meets it: nothing is hopeless
+    return Scored(candidates, closest_miss > HOPELESS_RATIO, closest_miss)
+
+
+def _over_bound(
+    alive: list[BackendState], preds: list[Prediction], in_flight: list[int], held: list[int], new: bool, rules: Rules
+) -> list[tuple[int, bool]]:
+    """Each backend's load bound and whether this request would take it over.
+
+    A continuing conversation's home may hold one request more than its bound: with a few requests
+    in flight the bound rounds to one (1.25 x 2 requests / 3 backends), and three clients on three
+    llama-servers moved every turn whose home was serving another client."""
     bound = bounds(in_flight, [p.slots for p in preds], *((NEW_BOUND, 0) if new else (rules.load_bound, 1)))
     over = [n + 1 > b for n, b in zip(in_flight, bound, strict=True)]
     if new:
@@ -194,31 +239,4 @@ def scored(
                 over = full  # where its history will stay matters more than one request's balance
     if all(over):
         over = [False] * len(over)  # every one over its bound: none is (bounded loads place a key somewhere)
-    w = rules.weights
-    total = (w.budget + w.cost) or 1.0
-    candidates = []
-    for i, (s, p) in enumerate(zip(alive, preds, strict=True)):
-        terms = {
-            "budget": budget_term(ratios[i], times[i][1], fastest, closest_miss),
-            "cost": cheapest / cost[i] if cost[i] > 0 else 1.0,
-            "home": 1.0 if i == tie else 0.0,
-            "conversations": float(held[i]),
-            "last_resort": 1.0 if names[i] in probing else 0.0,
-        }
-        score = (w.budget * terms["budget"] + w.cost * terms["cost"]) / total
-        met = meets(times[i], p, f) or (i == tie and not new and (ratios[i] or 0.0) <= 1)
-        saved = prefill_ms(model, s, p.cached_tokens) if p.cached_tokens else 0.0  # prefill is linear in tokens
-        # Positional (saved_ms, saved_gpu_ms, capacity_ms, in_flight, bound, over_bound): keywords cost
-        # a microsecond per candidate on every request.
-        candidates.append(
-            Candidate(
-                names[i], round(score, 6), p, met, terms, saved * s.observed.ttft_ratio, saved, extra[i],
-                in_flight[i], bound[i], over[i],
-            )
-        )  # fmt: skip
-    # Far from its budget everywhere, a request cannot be saved; sent to the backend closest to its
-    # budget it would only take that backend's capacity from requests that can still make theirs, so
-    # it takes the cheapest capacity instead (in the simulator this beat "least loaded" and "closest").
-    if closest_miss > 1 and any(c.meets_budget for c in candidates):
-        closest_miss = 1.0  # one meets it: nothing is hopeless
-    return Scored(candidates, closest_miss > HOPELESS_RATIO, closest_miss)
+    return list(zip(bound, over, strict=True))

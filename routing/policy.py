@@ -14,7 +14,7 @@ import fnmatch
 from dataclasses import replace
 
 from routing.estimator import fit_problem, predict
-from routing.placement import scored
+from routing.placement import Scored, scored
 from routing.types import (
     BackendState,
     Breaker,
@@ -161,16 +161,22 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         down = all(r in ("unhealthy", "circuit breaker open") or r.startswith("lacks ") for r in excluded.values())
         return plan.decision(Reason.NO_HEALTHY_BACKEND if down else Reason.NOTHING_FITS, excluded)
     out = f.max_tokens or DEFAULT_MAX_TOKENS
-    held = {s.name: _held(s, f) for s in alive}
-    predictions = {s.name: predict(model, s, f.prompt_tokens, out, held[s.name][1]) for s in alive}
-    alive = _admitted(alive, predictions, excluded, rules.max_queue_wait_ms * priority_factor(f.priority))
-    if not alive:
-        limit = rules.max_queue_wait_ms * priority_factor(f.priority)
-        retry = max(1.0, (min(p.queue_ms for p in predictions.values()) - limit) / 1000)  # every one was full
-        return plan.decision(Reason.OVERLOADED, excluded, retry_after_s=retry)
-    matched = {name: blocks for name, (blocks, _) in held.items()}
-    result = scored(alive, predictions, matched, probing, f, model, rules, out)
-    wait = min(predictions[s.name].queue_ms for s in alive) / 1000
+    limit = rules.max_queue_wait_ms * priority_factor(f.priority)
+    held = [_held(s, f) for s in alive]
+    predictions = [predict(model, s, f.prompt_tokens, out, tokens) for s, (_, tokens) in zip(alive, held, strict=True)]
+    # Every backend's match counts for whether the conversation is new, the ones admission refuses too.
+    new = max(blocks for blocks, _ in held) <= f.preamble_blocks
+    admitted = [i for i, p in enumerate(predictions) if p.queue_ms <= limit]
+    if len(admitted) < len(alive):
+        _refuse_full(alive, predictions, excluded, limit)
+        if not admitted:
+            retry = max(1.0, (min(p.queue_ms for p in predictions) - limit) / 1000)  # every one was full
+            return plan.decision(Reason.OVERLOADED, excluded, retry_after_s=retry)
+        alive = [alive[i] for i in admitted]
+        predictions = [predictions[i] for i in admitted]
+        held = [held[i] for i in admitted]
+    result = scored(alive, predictions, [blocks for blocks, _ in held], new, probing, f, model, rules, out)
+    wait = min(p.queue_ms for p in predictions) / 1000
     if result.closest_miss > rules.shed_ratio and plan.mode is Mode.BEST_EFFORT and wait > 0:
         # Hopeless everywhere while every backend queues: served, it would only delay requests that can
         # still meet their budgets. On a fleet with a free backend it is served late as before: a budget
@@ -178,22 +184,24 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
         why = f"predicted at best {result.closest_miss:.1f}x its budget, over the shed ratio {rules.shed_ratio:g}"
         excluded.update((c.backend, why) for c in result.candidates)
         return plan.decision(Reason.OVERLOADED, excluded, retry_after_s=max(1.0, wait))
+    return _decided(_ranked(result, alive, probing, plan.rule), excluded, plan)
+
+
+def _ranked(result: Scored, alive: list[BackendState], probing: set[str], rule: Rule | None) -> tuple[Candidate, ...]:
+    """The candidates in order: recovering ones last, then those meeting the budget, the rule's
+    preference, those within their load bound, (hopeless everywhere: the cheapest), the score, the home."""
     hopeless = result.hopeless
-    states = {s.name: s for s in alive}
-
-    def rank(c: Candidate) -> tuple[int, int, int, int, float, float, float]:
-        s = states[c.backend]
-        rule = plan.rule
+    keys = []
+    for s, c in zip(alive, result.candidates, strict=True):
         preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
-        last = 1 if c.backend in probing else 0
-        return (
-            last, 0 if c.meets_budget else 1, preference, int(c.over_bound), -c.terms["cost"] if hopeless else 0.0,
-            -c.score, -c.terms["home"],
-        )  # fmt: skip
-
-    candidates = result.candidates
-
-    return _decided(tuple(sorted(candidates, key=rank)), excluded, plan)
+        keys.append((
+            1 if c.backend in probing else 0, 0 if c.meets_budget else 1, preference, int(c.over_bound),
+            -c.terms["cost"] if hopeless else 0.0, -c.score, -c.terms["home"],
+        ))  # fmt: skip
+    if len(keys) == 1:
+        return (result.candidates[0],)
+    order = sorted(range(len(keys)), key=keys.__getitem__)  # stable, as sorting the candidates by key
+    return tuple(result.candidates[i] for i in order)
 
 
 def _plan(features: RequestFeatures, rules: Rules) -> _Plan:
@@ -229,14 +237,13 @@ def _filter(
     return excluded, alive + probes, {state.name for state in probes}
 
 
-def _admitted(
-    alive: list[BackendState], predictions: dict[str, Prediction], excluded: dict[str, str], limit: float
-) -> list[BackendState]:
-    """The backends whose predicted queue wait is within ``limit`` (ms); the others join ``excluded``."""
-    full = {s.name: predictions[s.name].queue_ms for s in alive if predictions[s.name].queue_ms > limit}
-    for backend, wait in full.items():
-        excluded[backend] = f"queue full: predicted wait {wait / 1000:.1f}s over {limit / 1000:.1f}s"
-    return [s for s in alive if s.name not in full]
+def _refuse_full(
+    alive: list[BackendState], predictions: list[Prediction], excluded: dict[str, str], limit: float
+) -> None:
+    """The backends whose predicted queue wait is over ``limit`` (ms) join ``excluded``, saying so."""
+    for s, p in zip(alive, predictions, strict=True):
+        if p.queue_ms > limit:
+            excluded[s.name] = f"queue full: predicted wait {p.queue_ms / 1000:.1f}s over {limit / 1000:.1f}s"
 
 
 def _decided(ranked: tuple[Candidate, ...], excluded: dict[str, str], plan: _Plan) -> Decision:

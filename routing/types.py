@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from routing.catalog import EngineEfficiency, GpuSpec
+from routing.catalog import MEMORY_HEADROOM, EngineEfficiency, GpuSpec
 from values import value
 
 if TYPE_CHECKING:
@@ -66,10 +66,14 @@ class ModelSpec:
     bytes_per_param: float
     context: int
     kv_bytes_per_token: float
+    weight_bytes: float = field(init=False, repr=False, compare=False)
+    prefill_flop_per_token: float = field(init=False, repr=False, compare=False)
+    """2 x parameters: the FLOPs a prompt token's prefill takes (``routing.estimator.prefill_ms``)."""
 
-    @property
-    def weight_bytes(self) -> float:
-        return self.params_b * 1e9 * self.bytes_per_param
+    def __post_init__(self) -> None:
+        # Derived once here, not on every candidate of every request: routing reads them per prediction.
+        object.__setattr__(self, "weight_bytes", self.params_b * 1e9 * self.bytes_per_param)
+        object.__setattr__(self, "prefill_flop_per_token", 2 * self.params_b * 1e9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,19 @@ class BackendProfile:
     """Fields outside OpenAI's spec its engine understands."""
     max_top_logprobs: int = 20
     """Most alternatives per token the engine gives."""
+    prefill_flops: float = field(init=False, repr=False, compare=False)
+    """FLOP/s usable for prefill: its GPUs' peak at the engine's prefill MFU."""
+    decode_bandwidth: float = field(init=False, repr=False, compare=False)
+    """Bytes/s of memory bandwidth usable for decode: its GPUs' peak at the engine's decode MBU."""
+    usable_bytes: float = field(init=False, repr=False, compare=False)
+    """Memory for weights and KV cache, less the headroom engines keep."""
+
+    def __post_init__(self) -> None:
+        # Derived once per config load: routing reads them for every candidate of every request.
+        gpu, efficiency = self.gpu, self.efficiency
+        object.__setattr__(self, "prefill_flops", gpu.tflops * 1e12 * self.gpu_count * efficiency.prefill_mfu)
+        object.__setattr__(self, "decode_bandwidth", gpu.bandwidth_gbs * 1e9 * self.gpu_count * efficiency.decode_mbu)
+        object.__setattr__(self, "usable_bytes", self.memory_gb * 1e9 * MEMORY_HEADROOM)
 
 
 class Breaker(enum.Enum):

@@ -30,7 +30,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from routing.catalog import MEMORY_HEADROOM, PREFILL_CHUNK_TOKENS
+from routing.catalog import PREFILL_CHUNK_TOKENS
 from routing.prefix import PrefixIndex
 from routing.sim.calibration import PERF, EnginePerf, family_for_engine
 from routing.sim.truth import EXACT, Truth
@@ -125,7 +125,7 @@ class SimEngine:
         """Shed by the last ``start_step``: the run collects them."""
         self.name = profile.name
         self.max_batch = profile.max_concurrency
-        free = profile.memory_gb * 1e9 * MEMORY_HEADROOM - model.weight_bytes
+        free = profile.usable_bytes - model.weight_bytes
         self.kv_tokens = max(0, int(free / model.kv_bytes_per_token))
         self.cache = PrefixIndex(self.kv_tokens)
         self.up = True
