@@ -34,6 +34,7 @@ from gateway.http.cors import Cors, is_preflight
 from gateway.http.drain import attach
 from gateway.http.errors import ApiError, clip, model_not_found
 from gateway.http.exchange import ClientGone, Exchange
+from gateway.http.limits import tune_gc
 from gateway.http.protocol import RECEIVED
 from gateway.pipeline.generation import Generating
 from gateway.pipeline.serve import serve
@@ -373,7 +374,9 @@ def from_environment() -> ASGIApp:
 
 def worker_app() -> ASGIApp:
     """The app factory of each ``serve --workers`` process."""
-    return attach(from_environment())
+    app = from_environment()
+    tune_gc()
+    return attach(app)
 
 
 def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_backend) -> ASGIApp:

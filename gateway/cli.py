@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.http.drain import SETTLE_S, attach
-    from gateway.http.limits import raise_fd_limit
+    from gateway.http.limits import raise_fd_limit, tune_gc
     from gateway.http.protocol import GatewayHttpProtocol
     from gateway.telemetry.logs import configure
 
@@ -83,6 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
             for problem in exc.problems:
                 print(problem, file=sys.stderr)
             return 1
+        tune_gc()
         # Loaded by the server (a factory), so the drain takes over uvicorn's signal handling.
         uv_config = uvicorn.Config(lambda: attach(app), factory=True, **options)
         runner = uvicorn.Server(uv_config)

@@ -3,6 +3,7 @@ open-file limit sized to its connections. Read by the protocol (``gateway.http.p
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 from dataclasses import dataclass
@@ -97,3 +98,24 @@ def raise_fd_limit(max_connections: int) -> None:
     if soft != resource.RLIM_INFINITY and soft < wanted:
         target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations (net of frees) between collections of the youngest generation; CPython's default is
+700. A request allocates a few hundred container objects that reference counting frees when it ends:
+at 700, collections run every request or two and walk the objects of the requests still in flight;
+at 10,000 most of a request's objects are gone before a collection sees them. Under wrk (64 clients,
+whole answers, gateway CPU per request, two interleaved rounds): 0.3009/0.3054 ms at 700,
+0.2846/0.2869 at 10,000, 0.2887/0.2901 at 50,000, 0.2863/0.2949 at 3,000. Cyclic garbage (a few
+exceptions' tracebacks) waits that many allocations longer: kilobytes."""
+
+
+def tune_gc() -> None:
+    """The serving process's collector: its startup objects (modules, config, the app) set apart from
+    collections (``gc.freeze``: they live as long as the process), and the young generation collected
+    every ``GC_YOUNG_THRESHOLD`` allocations. Process-wide: called by ``serve`` once the app is built,
+    never by code that may share a process (tests build many apps in one)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
