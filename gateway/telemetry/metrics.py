@@ -192,6 +192,10 @@ class Metrics:
         self._multiprocess_dir = multiprocess_dir
         self.registry = r = CollectorRegistry()
         self._models = frozenset(models)
+        self._answers: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        """The series an answer is recorded in, by (route, model, backend): looked up once, not five times."""
+        self._ends: dict[tuple[str, str, str, str, int | None], tuple[Any, Any]] = {}
+        """The in-flight gauge and request counter of a request's end, by its labels' sources."""
         self._define_request_series(r)
         self._define_routing_series(r)
         self.fleet = _FleetGauges(r, backends, snapshot, event_streams)
@@ -289,6 +293,8 @@ class Metrics:
 
     def set_models(self, models: Iterable[str]) -> None:
         self._models = frozenset(models)
+        self._answers.clear()  # their model labels may have changed
+        self._ends.clear()
 
     def decision(self, reason: str, backend: str) -> None:
         self._decisions(reason, backend).inc()
@@ -314,8 +320,14 @@ class Metrics:
     def request(self, route: str, model: str, backend: str, outcome: str, status: int | None) -> None:
         """A generation request on ``route`` (chat, completions...) ended; ``outcome`` is ok, error or
         cancelled; ``status`` the HTTP status sent (None when the client left before any)."""
-        self._in_flight(route).dec()
-        self._requests(route, self.model(model), backend, outcome, _status_class(status)).inc()
+        key = (route, model, backend, outcome, status)
+        series = self._ends.get(key)
+        if series is None:  # label values are bounded (see the module): so is this cache
+            label, code = self.model(model), _status_class(status)
+            series = self._ends[key] = (self._in_flight(route), self._requests(route, label, backend, outcome, code))
+        in_flight, requests = series
+        in_flight.dec()
+        requests.inc()
 
     def other_request(self, route: str, status: int) -> None:
         """A response of any other route (model listing, admin, unknown routes, protocol refusals)."""
@@ -333,14 +345,22 @@ class Metrics:
         completion_tokens: int,
     ) -> None:
         """``ttft_s`` None: the answer came whole, with no first token seen before its end."""
-        label = self.model(model)
-        self._duration(route, label, backend).observe(duration_s)
+        key = (route, model, backend)
+        series = self._answers.get(key)
+        if series is None:  # label values are bounded (see the module): so is this cache
+            label = self.model(model)
+            series = self._answers[key] = (
+                self._duration(route, label, backend), self._ttft(label, backend), self._tpot(label, backend),
+                self._prompt_tokens(label, backend), self._completion_tokens(label, backend),
+            )  # fmt: skip
+        duration, ttft, tpot, prompt, completion = series
+        duration.observe(duration_s)
         if ttft_s is not None:
-            self._ttft(label, backend).observe(ttft_s)
+            ttft.observe(ttft_s)
         if tpot_s is not None:
-            self._tpot(label, backend).observe(tpot_s)
-        self._prompt_tokens(label, backend).inc(prompt_tokens)
-        self._completion_tokens(label, backend).inc(completion_tokens)
+            tpot.observe(tpot_s)
+        prompt.inc(prompt_tokens)
+        completion.inc(completion_tokens)
 
     def cached(self, backend: str, tokens: int) -> None:
         """An engine reported reusing ``tokens`` prompt tokens from its prefix cache."""
