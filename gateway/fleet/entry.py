@@ -35,8 +35,11 @@ class Entry:
     """Requests this gateway has sent there and not finished (from the attempt's start)."""
     in_flight_at_poll: int = 0
     whole_asks: int = 0
-    """Whole answers asked of it whole (``gateway.pipeline.generation.needs_first``): every
-    ``STREAM_EVERY``-th is streamed, so the estimator keeps learning its times."""
+    """Whole answers asked of it whole since the last one streamed for the estimator
+    (``gateway.pipeline.generation.needs_first``): at least ``STREAM_EVERY``, and ``SAMPLE_EVERY_S``,
+    between those, so the estimator keeps learning its times."""
+    sampled_at: float = float("-inf")
+    """When (``time.monotonic``) a whole answer was last streamed there for the estimator."""
     prefill_backlog: int = 0
     """Prompt tokens of those requests that have no first token yet."""
     drained: asyncio.Event | None = None

@@ -22,7 +22,7 @@ import pytest
 from backends.base import GenerationRequest
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.pipeline.generation import LEARNING, STREAM_EVERY, needs_first
+from gateway.pipeline.generation import LEARNING, SAMPLE_EVERY_S, STREAM_EVERY, needs_first
 from tests.conftest import write_config
 from tests.contract import fake_vllm
 from tests.contract.fake_vllm import FakeVLLM
@@ -144,14 +144,27 @@ def test_an_engine_that_is_queueing_streams_the_whole_answer() -> None:
 
 def test_a_backends_estimate_keeps_learning_from_streamed_whole_answers() -> None:
     """A whole answer shows no time to first token: a backend's first ``LEARNING`` whole answers are
-    streamed, and after that every ``STREAM_EVERY``-th."""
+    streamed, and after that every ``STREAM_EVERY``-th, at most one per ``SAMPLE_EVERY_S``."""
     state: Any = SimpleNamespace(fleet=SimpleNamespace(queue_wait_s=lambda target: None))
-    target: Any = SimpleNamespace(name="b", observed=SimpleNamespace(samples=0), whole_asks=0)
-    needs = needs_first(state, False)
+    target: Any = SimpleNamespace(name="b", observed=SimpleNamespace(samples=0), whole_asks=0, sampled_at=float("-inf"))
+    now = [100.0]
+    needs = needs_first(state, False, lambda: now[0])
     assert needs(target) and target.whole_asks == 0
     target.observed.samples = LEARNING
-    asked = [needs(target) for _ in range(STREAM_EVERY * 2)]
-    assert asked.count(True) == 2 and asked[STREAM_EVERY - 1] and asked[-1]
+
+    def asked(count: int, pace_s: float) -> list[bool]:
+        out = []
+        for _ in range(count):
+            out.append(needs(target))
+            now[0] += pace_s
+        return out
+
+    slow = asked(STREAM_EVERY * 2, SAMPLE_EVERY_S)  # a second between answers: every STREAM_EVERY-th
+    assert slow.count(True) == 2 and slow[STREAM_EVERY - 1] and slow[-1]
+    # A thousand answers a second for 3.2 s: the 16th (a second after the last sample), then one a
+    # second, whatever the count.
+    fast = asked(STREAM_EVERY * 200, 0.001)
+    assert [i for i, streamed in enumerate(fast) if streamed] == [15, 1015, 2015, 3015]
 
 
 def test_with_ask_whole_off_every_engine_streams(tmp_path: Path, cache_dir: Path) -> None:
