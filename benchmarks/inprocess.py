@@ -38,6 +38,7 @@ sys.path.insert(
 from benchmarks.asgi import CONFIG, Fast, post, started
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.http.limits import tune_gc
 
 REPEATS, REQUESTS, WARMUP = 5, 1000, 300
 
@@ -75,6 +76,7 @@ async def main() -> None:
         engine_url = f"http://127.0.0.1:{port}"
     app = _app(args.otlp, args.sampling, engine_url)
     task = await started(app)
+    tune_gc()  # the collector as `serve` sets it
     for _ in range(WARMUP):
         await _one(app, False)
         await _one(app, True)

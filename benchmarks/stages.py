@@ -34,6 +34,7 @@ import uvloop
 from benchmarks.asgi import started
 from benchmarks.inprocess import _app, _one, finish
 from gateway.http import exchange
+from gateway.http.limits import tune_gc
 from gateway.pipeline import dispatch, generation, lifecycle, serve
 
 REQUESTS, WARMUP = 3000, 500
@@ -91,6 +92,7 @@ async def main() -> None:
         engines, url = start_fake_engine(port), f"http://127.0.0.1:{port}"
     app = _app(None, 1.0, url)
     task = await started(app)
+    tune_gc()  # the collector as `serve` sets it
     for _ in range(WARMUP):
         await _one(app, args.stream)
     spent.clear()

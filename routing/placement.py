@@ -182,7 +182,7 @@ def scored(
         ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds, strict=True)]
     if not new and (ratio := ratios[tie]) is not None:
         ratios[tie] = ratio / HOME_SLACK  # the conversation's history is there: see HOME_SLACK
-    closest_miss = min((r for r in ratios if r is not None and r > 1), default=1.0)
+    closest_miss = min((r for r in ratios if r is not None and r > 1), default=1.0) if budgeted else 1.0
     held = [s.prefix.conversations if s.prefix is not None else 0 for s in alive]
     over = _over_bound(alive, preds, in_flight, held, new, rules)
     w = rules.weights
@@ -225,6 +225,8 @@ def _over_bound(
     in flight the bound rounds to one (1.25 x 2 requests / 3 backends), and three clients on three
     llama-servers moved every turn whose home was serving another client."""
     bound = bounds(in_flight, [p.slots for p in preds], *((NEW_BOUND, 0) if new else (rules.load_bound, 1)))
+    if len(alive) == 1:
+        return [(bound[0], False)]  # over its bound or not, the only one is not (see the end)
     over = [n + 1 > b for n, b in zip(in_flight, bound, strict=True)]
     if new:
         full = [

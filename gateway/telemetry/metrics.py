@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from backends.base import Backend, Resending, TokenCounting
+from gateway.telemetry.pending import Pending
 from routing.types import Breaker, FleetSnapshot
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -196,6 +197,8 @@ class Metrics:
         """The series an answer is recorded in, by (route, model, backend): looked up once, not five times."""
         self._ends: dict[tuple[str, str, str, str, int | None], tuple[Any, Any]] = {}
         """The in-flight gauge and request counter of a request's end, by its labels' sources."""
+        self._pending = Pending()
+        """The request path's counter and gauge changes, written at scrapes (``telemetry.pending``)."""
         self._define_request_series(r)
         self._define_routing_series(r)
         self.fleet = _FleetGauges(r, backends, snapshot, event_streams)
@@ -297,7 +300,7 @@ class Metrics:
         self._ends.clear()
 
     def decision(self, reason: str, backend: str) -> None:
-        self._decisions(reason, backend).inc()
+        self._pending.add(self._decisions(reason, backend))
 
     def reload(self, outcome: str) -> None:
         self._reloads(outcome).inc()
@@ -306,7 +309,7 @@ class Metrics:
         self._prefix_share(direction).inc(prompts)
 
     def attempt(self, backend: str, outcome: str) -> None:
-        self._attempts(backend, outcome).inc()
+        self._pending.add(self._attempts(backend, outcome))
 
     def failover(self, model: str) -> None:
         self._failovers(self.model(model)).inc()
@@ -315,7 +318,7 @@ class Metrics:
         self._fallbacks(self.model(model), self.model(to), cause).inc()
 
     def started(self, route: str) -> None:
-        self._in_flight(route).inc()
+        self._pending.add(self._in_flight(route))
 
     def request(self, route: str, model: str, backend: str, outcome: str, status: int | None) -> None:
         """A generation request on ``route`` (chat, completions...) ended; ``outcome`` is ok, error or
@@ -326,8 +329,9 @@ class Metrics:
             label, code = self.model(model), _status_class(status)
             series = self._ends[key] = (self._in_flight(route), self._requests(route, label, backend, outcome, code))
         in_flight, requests = series
-        in_flight.dec()
-        requests.inc()
+        pending = self._pending
+        pending.add(in_flight, -1.0)
+        pending.add(requests)
 
     def other_request(self, route: str, status: int) -> None:
         """A response of any other route (model listing, admin, unknown routes, protocol refusals)."""
@@ -359,8 +363,8 @@ class Metrics:
             ttft.observe(ttft_s)
         if tpot_s is not None:
             tpot.observe(tpot_s)
-        prompt.inc(prompt_tokens)
-        completion.inc(completion_tokens)
+        self._pending.add(prompt, prompt_tokens)
+        self._pending.add(completion, completion_tokens)
 
     def cached(self, backend: str, tokens: int) -> None:
         """An engine reported reusing ``tokens`` prompt tokens from its prefix cache."""
@@ -371,10 +375,12 @@ class Metrics:
 
     def close(self) -> None:
         """This worker is stopping: its live gauges (requests in flight) stop counting."""
+        self._pending.flush()
         if self._multiprocess_dir is not None:
             mark_process_dead(os.getpid(), self._multiprocess_dir)  # type: ignore[no-untyped-call]
 
     def render(self) -> bytes:
+        self._pending.flush()
         self.fleet.refresh()
         if self._multiprocess_dir is None:
             return generate_latest(self.registry)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import GatewayProcess, write_config
+from tests.polling import wait_until
 
 SECRET = "purple elephant pancake"
 
@@ -82,12 +83,14 @@ backends: [{name: ct2-main, engine: ctranslate2, model: enginegate-demo}]
             assert httpx.post(f"{gw.base_url}/v1/chat/completions", json=body, timeout=30).status_code == 200
         pids = {p.stem.rsplit("_", 1)[-1] for p in shared.glob("*.db")}
         assert len(pids) == 2, sorted(p.name for p in shared.glob("*.db"))
+        served = (
+            r'enginegate_requests_total\{backend="ct2-main",code="2xx",model="enginegate-demo",'
+            r'outcome="ok",route="chat"\}'
+        )
+        # Another worker's counts reach the shared files within a tenth of a second (telemetry/pending.py).
+        wait_until(lambda: re.search(rf"^{served} 30\.0$", httpx.get(f"{gw.base_url}/metrics").text, re.M))
         for _ in range(4):
             text = httpx.get(f"{gw.base_url}/metrics").text
-            served = (
-                r'enginegate_requests_total\{backend="ct2-main",code="2xx",model="enginegate-demo",'
-                r'outcome="ok",route="chat"\}'
-            )
             assert re.search(rf"^{served} 30\.0$", text, re.M), text
             assert re.search(r'^enginegate_requests_in_flight\{route="chat"\} 0\.0$', text, re.M)
             assert re.search(r'^enginegate_backend_up\{backend="ct2-main"\} 1\.0$', text, re.M)
