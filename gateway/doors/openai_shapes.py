@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from backends.base import Chunk, TokenLogprob, ToolCallDelta, Usage
 from gateway.pipeline.surfaces import UsageTotal
 
@@ -91,6 +93,11 @@ def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
     return {"index": d.index, "function": {"arguments": d.arguments}}
 
 
+_HOLE = "\x00enginegate-text\x00"
+"""Where a text delta's text goes in its event's template (a NUL cannot come from a model name or id)."""
+_HOLE_JSON = orjson.dumps(_HOLE)
+
+
 class ResponseShape:
     """Builds the JSON documents of one response, chat or completion, whole or streamed."""
 
@@ -104,6 +111,8 @@ class ResponseShape:
         self._object = "chat.completion.chunk" if chat else "text_completion"
         self._offsets: dict[int, int] = {}
         """Completions streams: characters of each choice sent so far (``text_offset``)."""
+        self._text_events: dict[int, tuple[bytes, bytes] | None] = {}
+        """Chat streams: each choice's event of a text delta, as the bytes before and after the text."""
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         """The whole answer's document, and the usage it reports."""
@@ -186,6 +195,20 @@ class ResponseShape:
         return self._chunk(
             {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
         )
+
+    def text_event(self, index: int, text: str) -> bytes | None:
+        """The SSE event of a chat chunk of text alone (most of a stream), byte for byte what
+        ``delta`` and ``exchange.event`` make of it, from a template rendered once per choice: one
+        ``orjson.dumps`` of the text rather than a document of three dicts per token. None where no
+        template can be cut (an id or model holding the placeholder): ``delta`` then."""
+        if index not in self._text_events:
+            doc = self._chunk({"index": index, "delta": {"content": _HOLE}, "logprobs": None, "finish_reason": None})
+            pieces = orjson.dumps(doc).split(_HOLE_JSON)
+            self._text_events[index] = (b"data: " + pieces[0], pieces[1] + b"\n\n") if len(pieces) == 2 else None
+        parts = self._text_events[index]
+        if parts is None:
+            return None
+        return parts[0] + orjson.dumps(text) + parts[1]
 
     def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:
         return {

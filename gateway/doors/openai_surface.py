@@ -29,7 +29,12 @@ class OpenAIAnswer:
         return [event(doc) for doc in self.shape.role_chunks()]
 
     def chunk(self, chunk: Chunk) -> bytes | None:
-        doc = self.shape.delta(chunk)
+        shape = self.shape
+        if shape.chat and chunk.text and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
+            data = shape.text_event(chunk.index, chunk.text)  # text alone: most of a stream's chunks
+            if data is not None:
+                return data
+        doc = shape.delta(chunk)
         return None if doc is None else event(doc)
 
     def closing(self, usage: Usage | None) -> bytes:
