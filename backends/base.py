@@ -116,7 +116,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ToolCallDelta:
     """A piece of one tool call, as OpenAI streams them: ``id`` and ``name`` on a call's first piece,
     then fragments of its JSON ``arguments``; ``index`` is the call's place in the answer's list."""
@@ -127,14 +127,14 @@ class ToolCallDelta:
     arguments: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TopLogprob:
     token: str
     logprob: float
     bytes: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TokenLogprob:
     """One generated token's log probability and the most likely alternatives at its place."""
 

@@ -57,10 +57,10 @@ and 80.9%; 3: 30.8-31.6% and 81.0%, against SGLang's router's 30.4-30.6% and 81.
 fleet moved by -0.5 to +0.6 points)."""
 
 
-def _share(key: int, name: str) -> float:
-    """A stable number in [0, 1) for (request key, backend): the rendezvous order of a conversation."""
-    digest = hashlib.blake2b(f"{key}:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
+def _rendezvous(key: int, name: str) -> bytes:
+    """A stable 64-bit digest of (request key, backend), big-endian: the backends of a conversation in
+    descending order of it are its rendezvous order (bytes of one length compare as their numbers)."""
+    return hashlib.blake2b(b"%d:%s" % (key, name.encode()), digest_size=8).digest()
 
 
 def busy(state: BackendState) -> float:
@@ -88,8 +88,8 @@ def home(alive: list[BackendState], matched: list[int], f: RequestFeatures) -> i
         near = [i for i, share in enumerate(shares) if share <= idlest]
     if len(near) == 1:  # nothing to order (one backend alone is within any bound of its own mean)
         return near[0]
-    order = {i: -_share(f.prefix_hash, alive[i].profile.name) for i in near}
-    ranked = sorted(near, key=order.__getitem__)
+    order = {i: _rendezvous(f.prefix_hash, alive[i].profile.name) for i in near}
+    ranked = sorted(near, key=order.__getitem__, reverse=True)  # stable, as sorting by the negated number
     tokens = [prefix.tokens if (prefix := alive[i].prefix) is not None else 0.0 for i in ranked]
     bound = HOME_BOUND * sum(tokens) / len(tokens)
     return next((i for i, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0])

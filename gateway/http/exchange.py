@@ -140,9 +140,10 @@ class Exchange:
     async def stream(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def end_stream(self) -> None:
+    async def end_stream(self, last: bytes = b"") -> None:
+        """The stream's end, with its ``last`` events: one write for both."""
         self._finished = True
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def abort(self, exc: ApiError) -> None:
         """End the exchange with ``exc`` whatever point it reached: an error response before the

@@ -72,6 +72,5 @@ async def _replay(ex: Exchange, work: Work, chunks: list[Chunk], life: RequestLi
     life.overhead_header(0.0)
     ex.failure = answer.failure
     await ex.start_stream()
-    await ex.stream(b"".join(data) + events.closing())
-    await ex.end_stream()
+    await ex.end_stream(b"".join(data) + events.closing())
     life.from_cache(events.usage)

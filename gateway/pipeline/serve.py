@@ -247,12 +247,11 @@ async def _stream(
             log.exception("the gateway failed while streaming", extra={"request_id": life.ex.request_id})
             failed = ApiError(500, "The gateway failed while streaming.", type="api_error", code="internal_error")
             tail = events.failed(failed)
-        await ex.stream(tail)
+        await ex.end_stream(tail)  # the last events and the stream's end in one write
     finally:  # also on cancellation: closing the committed answer closes the backend stream
         await committed.aclose()
         if result == "error":
             life.broke(failure, events.usage)
         else:
             life.answered(events.usage, cancelled=result == "cancelled")
-    await ex.end_stream()
     return events.kept if result == "ok" else None
