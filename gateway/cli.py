@@ -65,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
         "log_level": args.log_level,
         "log_config": None,  # keep the handler configured above (JSON by default)
         "access_log": False,
+        "server_header": False,  # no `server: uvicorn`: what runs behind the door is nobody's business
         "lifespan": "on",
         "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
         "ws": "none",
