@@ -105,9 +105,6 @@ class Gateway:
                 send = self.cors.wrap(origin, send)
         rid = request_id()
         client_id, twice = front(scope)
-        ids = [(b"x-request-id", rid.encode())]
-        if client_id is not None:
-            ids.append((b"x-client-request-id", client_id.encode()))
         surface = self.surfaces.get(scope["path"]) if scope["method"] == "POST" else None
         if twice is not None:  # refused before any route reads a key: one rule for every route
             door = surface.error_body if surface is not None else None
@@ -122,6 +119,9 @@ class Gateway:
             return
         scope["enginegate.request_id"] = rid
         scope["enginegate.client_request_id"] = client_id
+        ids = [(b"x-request-id", rid.encode())]  # the generation routes' Exchange sends its own
+        if client_id is not None:
+            ids.append((b"x-client-request-id", client_id.encode()))
         route = _route_label(scope["path"])
         metrics = self.state.metrics
 
