@@ -166,7 +166,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     predictions = [predict(model, s, f.prompt_tokens, out, tokens) for s, (_, tokens) in zip(alive, held, strict=True)]
     # Every backend's match counts for whether the conversation is new, the ones admission refuses too.
     new = max(blocks for blocks, _ in held) <= f.preamble_blocks
-    admitted = [i for i, p in enumerate(predictions) if p.queue_ms <= limit]
+    admitted = [i for i, p in enumerate(predictions) if not p.queue_ms > limit]  # as _refuse_full refuses
     if len(admitted) < len(alive):
         _refuse_full(alive, predictions, excluded, limit)
         if not admitted:
