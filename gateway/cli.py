@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.config import ConfigError, LoadedConfig, default_config
+from gateway.config import ConfigError, LoadedConfig, ServerConfig, default_config
 from gateway.ops import config_cmd, diff_cmd, explain_cmd, simulate_cmd
 from gateway.ops.common import load_or_report
 
@@ -34,9 +34,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.http.drain import SETTLE_S, attach
+    from gateway.http.drain import attach
     from gateway.http.limits import raise_fd_limit, tune_gc
-    from gateway.http.protocol import GatewayHttpProtocol
     from gateway.telemetry.logs import configure
 
     configure(args.log_level, args.log_format)
@@ -59,24 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     server = loaded.config.server
     raise_fd_limit(server.max_connections)  # before the workers start: they inherit it
-    options: dict[str, Any] = {
-        "host": args.host or server.host,
-        "port": server.port if args.port is None else args.port,
-        "log_level": args.log_level,
-        "log_config": None,  # keep the handler configured above (JSON by default)
-        "access_log": False,
-        "server_header": False,  # no `server: uvicorn`: what runs behind the door is nobody's business
-        "lifespan": "on",
-        "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
-        "ws": "none",
-        # uvicorn would take X-Forwarded-For from any loopback peer as the client's address (a client
-        # beside the gateway, or any client behind a local proxy, then names itself, and the admin
-        # lockout counts whatever it names): the gateway reads it itself (server.trusted_proxies).
-        "proxy_headers": False,
-        "timeout_keep_alive": server.keep_alive_timeout_s,
-        # gateway/http/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
-        "timeout_graceful_shutdown": server.shutdown_grace_s + SETTLE_S,
-    }
+    options = _uvicorn_options(args, server)
     if args.workers == 1:
         try:
             app = create_app(loaded)
@@ -111,6 +93,31 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config("gateway.app:worker_app", factory=True, workers=args.workers, **options)
     supervisor.run(config, server.drain_delay_s)
     return 0
+
+
+def _uvicorn_options(args: argparse.Namespace, server: ServerConfig) -> dict[str, Any]:
+    """uvicorn's settings for `serve`: the gateway's own protocol, logging and limits."""
+    from gateway.http.drain import SETTLE_S
+    from gateway.http.protocol import GatewayHttpProtocol
+
+    return {
+        "host": args.host or server.host,
+        "port": server.port if args.port is None else args.port,
+        "log_level": args.log_level,
+        "log_config": None,  # keep the handler configured above (JSON by default)
+        "access_log": False,
+        "server_header": False,  # no `server: uvicorn`: what runs behind the door is nobody's business
+        "lifespan": "on",
+        "http": GatewayHttpProtocol,  # header, body, idle, connection and slow-reader limits (server:)
+        "ws": "none",
+        # uvicorn would take X-Forwarded-For from any loopback peer as the client's address (a client
+        # beside the gateway, or any client behind a local proxy, then names itself, and the admin
+        # lockout counts whatever it names): the gateway reads it itself (server.trusted_proxies).
+        "proxy_headers": False,
+        "timeout_keep_alive": server.keep_alive_timeout_s,
+        # gateway/http/drain.py ends requests at the grace's end; uvicorn's own timeout is only the backstop.
+        "timeout_graceful_shutdown": server.shutdown_grace_s + SETTLE_S,
+    }
 
 
 def _epp(args: argparse.Namespace) -> int:
