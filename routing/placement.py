@@ -176,7 +176,7 @@ def scored(
     cost = [s.profile.cost_per_hour * w for s, w in zip(alive, work, strict=True)]
     cheapest = min(cost)
     tie = home(alive, matched, f)
-    budgeted = f.ttft_budget_ms is not None or f.latency_budget_ms is not None or f.tpot_budget_ms is not None
+    budgeted = f.budgeted
     ratios: list[float | None] = [None] * len(alive)
     if budgeted:
         ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds, strict=True)]

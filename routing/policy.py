@@ -248,8 +248,7 @@ def _refuse_full(
 
 def _decided(ranked: tuple[Candidate, ...], excluded: dict[str, str], plan: _Plan) -> Decision:
     f = plan.f
-    has_budget = any(b is not None for b in (f.ttft_budget_ms, f.latency_budget_ms, f.tpot_budget_ms))
-    if not has_budget:
+    if not f.budgeted:
         reason = Reason.NO_BUDGET
     elif ranked[0].meets_budget:
         reason = Reason.MEETS_BUDGET

@@ -58,6 +58,11 @@ class RequestFeatures:
     """The rendered prompt's token ids, when the gateway tokenized it (the model's tokenizer is at
     hand) and some backend tells exactly what it holds (``exact``): matched against that."""
 
+    @property
+    def budgeted(self) -> bool:
+        """The request states a budget (first token, whole answer or time per token)."""
+        return self.ttft_budget_ms is not None or self.latency_budget_ms is not None or self.tpot_budget_ms is not None
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:

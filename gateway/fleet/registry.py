@@ -121,15 +121,15 @@ class Fleet:
 
     def _load_now(self, e: Entry, now: float) -> tuple[int, int, int, bool]:
         """(running, waiting, the engine's slots, whether its gauges are fresh) as routing sees them."""
-        polled = e.load
-        fresh = polled is not None and now - e.load_at <= self._stale
+        fresh = e.load is not None and now - e.load_at <= self._stale
+        polled = e.load if fresh else None
         cap, slots = e.profile.max_concurrency, e.engine_slots
         if slots is not None and slots < cap:
             cap = slots
-        if polled is None or not fresh:
-            running, waiting = current_load(None, None, e.in_flight_at_poll, e.in_flight, cap)
-        else:
-            running, waiting = current_load(polled.running, polled.waiting, e.in_flight_at_poll, e.in_flight, cap)
+        running, waiting = current_load(
+            polled.running if polled else None, polled.waiting if polled else None,
+            e.in_flight_at_poll, e.in_flight, cap,
+        )  # fmt: skip
         return running, waiting, cap, fresh
 
     def queue_wait_s(self, entry: Entry) -> float | None:

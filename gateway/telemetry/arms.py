@@ -208,7 +208,7 @@ def arm_end(
         return ArmEnd(rule, arm, outcome, failed)
     elapsed_s, ttft_s, tpot_s = times
     met = None
-    if f.ttft_budget_ms is not None or f.latency_budget_ms is not None or f.tpot_budget_ms is not None:
+    if f.budgeted:
         met = (
             (f.ttft_budget_ms is None or ttft_s * 1000 <= f.ttft_budget_ms)
             and (f.latency_budget_ms is None or elapsed_s * 1000 <= f.latency_budget_ms)
