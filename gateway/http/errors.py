@@ -27,6 +27,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after: float | None = None,
+        failure: BackendError | None = None,
     ) -> None:
         if len(message) > MAX_MESSAGE_CHARS:  # a backstop: whatever a message quotes, it stays short
             message = message[: MAX_MESSAGE_CHARS - 1] + "…"
@@ -37,6 +38,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.failure = failure
+        """The engine failure this answers (``from_backend``), kept by name rather than as ``__cause__``:
+        the compiled request path (setup.py, mypyc) does not set ``__cause__`` on ``raise ... from``."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -117,7 +121,7 @@ def from_backend(exc: BackendError) -> ApiError:
     message = _WORDS[exc.kind]
     if exc.kind in _REFUSALS:
         message = _refusal(exc) or message
-    return ApiError(status, message, type=type_, param=exc.param, code=code, retry_after=exc.retry_after)
+    return ApiError(status, message, type=type_, param=exc.param, code=code, retry_after=exc.retry_after, failure=exc)
 
 
 def error_for_json(exc: Exception) -> ApiError:

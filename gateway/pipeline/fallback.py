@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
-from backends.base import BackendError, ErrorKind
+from backends.base import ErrorKind
 from gateway.fleet.entry import Entry
 from gateway.http.errors import ApiError
 from gateway.pipeline.dispatch import Committed
@@ -67,9 +67,8 @@ def anyone(model: str) -> bool:
 
 def cause_of(error: ApiError, life: RequestLife) -> str | None:
     """The fallback cause of the refusal ``error`` (raised by routing or dispatch), or None."""
-    failure = error.__cause__
-    if isinstance(failure, BackendError):
-        return _ERROR_CAUSES.get(failure.kind)
+    if error.failure is not None:
+        return _ERROR_CAUSES.get(error.failure.kind)
     decision = life.decision
     if decision is None or (decision.candidates and decision.reason is not Reason.BUDGET_UNMEETABLE):
         return None  # refused after routing took it (a key's fair share, say): not the model's doing

@@ -304,7 +304,7 @@ class RequestLife:
         try:
             await work
         except ApiError as exc:
-            self.refused(exc, exc.__cause__ if isinstance(exc.__cause__, BackendError) else None)
+            self.refused(exc, exc.failure)
             raise
         except (ClientGone, asyncio.CancelledError):
             self.left()
