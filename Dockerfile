@@ -1,13 +1,18 @@
 # enginegate gateway image: the gateway, its embedded CTranslate2 engine, the demo model and default config.
 # GPU engines run in their own official images (docker-compose.yml, deploy/k8s).
-FROM python:3.11-slim AS build
+# The build stage has gcc (the full image): the request path is compiled by mypyc (setup.py, the modules
+# pyproject.toml lists), which analyses it against the installed dependencies and their types.
+FROM python:3.11 AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
 COPY routing ./routing
 COPY values ./values
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
+ && rm /wheels/enginegate-*.whl \
+ && pip install --no-cache-dir /wheels/*.whl "mypy>=2.4,<3" "types-PyYAML>=6" "setuptools>=70.1" \
+ && ENGINEGATE_COMPILE=1 pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN useradd --create-home --uid 10001 enginegate

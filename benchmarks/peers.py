@@ -10,7 +10,9 @@ upstream connections, ``vllm-router`` and ``smg`` (SGLang's model gateway; both 
 them, the least a Python gateway on this stack costs), and enginegate with one worker, with
 ``--workers``, as ``enginegate-fleet`` with eight backends of two models in its config (the same
 upstream behind each; four candidates per request) and, as ``enginegate-granian``, under granian's
-Rust HTTP core instead of uvicorn when ``ENVS/granian`` has it. Peers come from PyPI into throwaway
+Rust HTTP core instead of uvicorn when ``ENVS/granian`` has it, and, as ``enginegate-compiled`` (and
+``-compiled-fleet``), with the request path compiled by mypyc as the image builds it (``make compiled``
+first). Peers come from PyPI into throwaway
 virtual environments under ``--envs`` (``python -m venv ENVS/NAME && ENVS/NAME/bin/pip install
 NAME``; LiteLLM as ``litellm[proxy]``): never a project dependency. A target whose program is
 missing is left out and said.
@@ -197,6 +199,15 @@ def granian(port: int, engine: str, work: Path, envs: Path) -> list[str] | None:
             "--workers", "1", "--log-level", "warning", "gateway.app:from_environment"]  # fmt: skip
 
 
+COMPILED = ROOT / "build" / "compiled"
+
+
+def compiled(cmd: list[str]) -> list[str] | None:
+    """enginegate as the image runs it: the request path compiled by mypyc (``make compiled`` builds the
+    copy this imports from; None until it has)."""
+    return cmd if (COMPILED / "COMPILED").exists() else None
+
+
 def granian_env(work: Path) -> dict[str, str]:
     """The gateway's config, and its code and dependencies from this interpreter (granian's own
     environment has only granian)."""
@@ -230,6 +241,8 @@ def commands(engine: str, work: Path, envs: Path, workers: int) -> dict[str, Cal
         "enginegate": lambda port: enginegate(port, engine, work, 1),
         "enginegate-fleet": lambda port: enginegate(port, engine, work, 1, fleet=True),
         "enginegate-granian": lambda port: granian(port, engine, work, envs),
+        "enginegate-compiled": lambda port: compiled(enginegate(port, engine, work, 1)),
+        "enginegate-compiled-fleet": lambda port: compiled(enginegate(port, engine, work, 1, fleet=True)),
         f"enginegate-{workers}w": lambda port: enginegate(port, engine, work, workers),
     }
 
@@ -249,6 +262,7 @@ def start(names: list[str], engine: str, work: Path, envs: Path, workers: int) -
             LITELLM_ENV if name == "litellm"
             else granian_env(work) if name == "enginegate-granian"
             else {"ENGINE_URL": engine, "PYTHONPATH": str(ROOT)} if name == "python-floor"
+            else {"PYTHONPATH": str(COMPILED)} if name.startswith("enginegate-compiled")
             else None
         )  # fmt: skip
         target = Target(name, f"http://127.0.0.1:{port}", [_spawn(cmd, work / f"{name}.log", env)])
@@ -345,7 +359,10 @@ def ratios(samples: list[Sample]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    every = "direct,nginx,vllm-router,smg,litellm,python-floor,enginegate,enginegate-fleet,enginegate-2w"
+    every = (
+        "direct,nginx,vllm-router,smg,litellm,python-floor,enginegate,enginegate-fleet,enginegate-compiled,"
+        "enginegate-compiled-fleet,enginegate-2w"
+    )
     parser.add_argument("--targets", default=every, help="which to run (enginegate-Nw: N workers)")
     parser.add_argument("--clients", default="1,16,64,256")
     parser.add_argument("--rounds", type=int, default=3)

@@ -11,8 +11,10 @@ import pytest
 from uvicorn.server import ServerState
 
 from gateway.config import ServerConfig
+from gateway.http import protocol
 from gateway.http.limits import FD_SPARE, HEALTH_ROOM, Limits, connection_cap
 from gateway.http.protocol import Guard
+from tests.compiled import interpreted_only
 
 
 def test_each_connection_is_counted_with_its_engine_connection(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,6 +54,7 @@ class _Waiting:
         self.left = phase
 
 
+@interpreted_only(protocol, "the stand-in connections are not GatewayHttpProtocol objects")
 def test_room_is_made_by_closing_the_longest_waiting_connection_that_sent_nothing() -> None:
     """Under a burst of new connections the one waiting longest is closed, unless its request has
     arrived unread: that one is answered, not dropped (a health check was, under an idle flood)."""

@@ -18,6 +18,8 @@ from backends.base import Chunk, GenerationRequest, Usage
 from benchmarks.asgi import CONFIG, post, started
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.pipeline import serve
+from tests.compiled import interpreted_only
 from tests.fakes import ScriptedBackend, factory
 
 SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -39,6 +41,7 @@ async def _streamed(app: Any) -> bytes:
     return b"".join(out)
 
 
+@interpreted_only(serve, "compiled functions have no Python frames to walk")
 def test_no_generator_stands_between_the_engine_and_the_socket(tmp_path: Path) -> None:
     config = tmp_path / "g.yaml"
     config.write_text(CONFIG)
