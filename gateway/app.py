@@ -91,9 +91,11 @@ class Gateway:
         """Generation routes (path to front door), answered on the hot path."""
         self.live: set[asyncio.Task[Any]] = set()
         """Generation requests in flight: a graceful shutdown ends those still running (``end_requests``)."""
+        self.loop: asyncio.AbstractEventLoop | None = None  # kept: each look-up of it is a getpid system call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            self.loop = asyncio.get_running_loop() if scope["type"] == "lifespan" else self.loop
             await self.app(scope, receive, send)
             return
         if self.cors is not None:  # off by default: one test per request
@@ -144,13 +146,12 @@ class Gateway:
         door: Door,
         client_id: str | None = None,
     ) -> None:
-        ex = Exchange(receive, send, rid, door.error_body, client_id)  # errors in the door's shape
+        ex = Exchange(receive, send, rid, door.error_body, client_id, self.loop)  # errors in the door's shape
+        task = ex.task
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if "x-api-key" in headers and "authorization" not in headers:  # Anthropic's clients send their key so
             headers["authorization"] = "Bearer " + headers["x-api-key"]
-        task = asyncio.current_task()
-        if task is not None:
-            self.live.add(task)
+        self.live.add(task)
         try:
             await serve(ex, headers, self.state, door, scope.get(RECEIVED), scope["path"])
         except ApiError as exc:
@@ -159,7 +160,7 @@ class Gateway:
         except ClientGone:
             pass  # left while sending the body: nothing was started, nobody to answer
         except asyncio.CancelledError:
-            if not (ex.left or self.state.draining) or task is None:
+            if not (ex.left or self.state.draining):
                 raise
             task.uncancel()  # our own cancellation, done: the client left, or shutdown ended it; work stopped
             if not ex.left:
@@ -170,8 +171,7 @@ class Gateway:
                 await ex.error(ApiError(500, _INTERNAL, type="api_error", code="internal_error"))
         finally:
             ex.close()
-            if task is not None:
-                self.live.discard(task)
+            self.live.discard(task)
 
     def end_requests(self) -> int:
         """Shutdown's grace is over: cancel the generation requests still running; each ends with an

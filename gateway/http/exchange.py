@@ -50,6 +50,7 @@ class Exchange:
         request_id: str,
         error_body: Callable[[ApiError], bytes] | None = None,
         client_request_id: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
@@ -68,6 +69,15 @@ class Exchange:
         self.started = False
         self.left = False
         """The client disconnected (and the request's task was cancelled because of it)."""
+        known = asyncio.current_task(loop) if loop is not None else None  # None: a test's other loop
+        task = known if known is not None else asyncio.current_task()
+        if task is None:
+            raise RuntimeError("an exchange is served by a task")
+        self.task: asyncio.Task[Any] = task
+        """The task serving the request, cancelled when the client leaves. ``loop``, the server's, when
+        the caller keeps it: each look-up of the running loop is a ``getpid`` system call (CPython's check
+        for a forked loop), and the request needs it once here and once per attempt (``dispatch``)."""
+        self.loop = task.get_loop()
         self._finished = False
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -99,8 +109,7 @@ class Exchange:
 
         The watching starts ``WATCH_AFTER_S`` later: most answers are done by then and never need a
         watcher task (a timer costs far less), and a client gone sooner is noticed that much later."""
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(WATCH_AFTER_S, self._start_watching, loop, asyncio.current_task())
+        self._timer = self.loop.call_later(WATCH_AFTER_S, self._start_watching, self.loop, self.task)
 
     def _start_watching(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> None:
         self._timer = None

@@ -173,27 +173,36 @@ class _Watch:
 
     One handle per attempt, re-armed only when a later phase outlives it: a handle per phase (and
     rescheduling between them) left thousands of cancelled handles in the event loop's timer heap at
-    high request rates, about a tenth of the gateway's throughput."""
+    high request rates, about a tenth of the gateway's throughput. A deadline passed cancels the
+    attempt's task, and ``close`` tells that cancellation from any other as ``asyncio.timeout`` does
+    (by the task's count of pending cancellations); it is not ``asyncio.timeout`` itself because that
+    looks up the running loop and the current task again, a ``getpid`` system call each (CPython's
+    check for a forked loop), about a tenth of the compiled gateway's CPU per request with the other
+    look-ups ``Exchange`` now spares."""
 
-    __slots__ = ("_handle", "_loop", "_queued", "answer_at", "first", "first_at", "queue_at", "shed", "timeout")
+    __slots__ = ("_cancelling", "_handle", "_loop", "_queued", "_task", "answer_at", "expired", "first", "first_at",
+                 "queue_at", "shed")  # fmt: skip
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        timeout: asyncio.Timeout,
+        task: asyncio.Task[object],
         first_at: float,
         answer_at: float,
         queue_at: float | None,
         queued: Callable[[], float | None],
     ) -> None:
         self._loop = loop
-        self.timeout = timeout
+        self._task = task
+        self._cancelling = task.cancelling()
         self.first_at, self.answer_at, self.queue_at = first_at, answer_at, queue_at
         self._queued = queued
         self.first = False
         """The first token came: only the whole answer's deadline is left."""
         self.shed: float | None = None
         """Set when the engine kept the request queued past the admission limit: its predicted wait."""
+        self.expired = False
+        """A deadline passed and the task was cancelled for it."""
         at = first_at if queue_at is None or queue_at >= first_at else queue_at
         self._handle = loop.call_at(at, self._fire)
 
@@ -209,10 +218,17 @@ class _Watch:
                 self._handle = self._loop.call_at(min(self.first_at, now + RECHECK_S), self._fire)
                 return
             self.shed = wait
-        self.timeout.reschedule(now)  # expires at once: the attempt's await raises TimeoutError
+        self.expired = True
+        self._task.cancel()  # the attempt's await raises CancelledError; close() makes it a TimeoutError
 
-    def cancel(self) -> None:
+    def close(self, failure: BaseException | None = None) -> bool:
+        """Stop the timer; True when ``failure`` is the cancellation a passed deadline caused and no
+        other cancellation (the client leaving, a lost hedge) is pending: the attempt timed out."""
         self._handle.cancel()
+        if not self.expired:
+            return False
+        self.expired = False
+        return self._task.uncancel() <= self._cancelling and isinstance(failure, asyncio.CancelledError)
 
 
 async def _attempt(
@@ -222,12 +238,15 @@ async def _attempt(
     tracker: Tracker[T],
     tokens: int,
     whole: bool,
+    loop: asyncio.AbstractEventLoop,
     answering: set[str] | None = None,
 ) -> Committed[T]:
     """One backend up to its commit point; any failure is reported, closes its stream and raises a
     ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
     at_once = opening.at_once(target)
-    loop = asyncio.get_running_loop()
+    task = asyncio.current_task(loop)  # with the loop given: no look-up of the running loop
+    if task is None:
+        raise RuntimeError("an attempt runs in a task")
     now = loop.time()
     answer_at = now + deadlines.answer_s
     first_at = answer_at if at_once else min(answer_at, now + deadlines.first_token_s)
@@ -235,34 +254,31 @@ async def _attempt(
     head: list[Chunk] = []
     tracker.sending(target, tokens)
     stream = opening.open_at(target)
-    watch: _Watch | None = None
+    watch = _Watch(loop, task, first_at, answer_at, queue_at, lambda: tracker.queued(target))
     try:
-        async with asyncio.timeout(None) as timeout:
-            watch = _Watch(loop, timeout, first_at, answer_at, queue_at, lambda: tracker.queued(target))
-            try:
-                head = await _head(stream)
-            except BackendError as refused:
-                again = opening.reopen(target, refused) if isinstance(opening, Reopening) else None
-                if again is None:
-                    raise
-                await _close(stream)
-                stream = again
-                head = await _head(stream)
-            watch.first = True
-            tracker.first_token(target, tokens)
-            if answering is not None:
-                answering.add(target.name)  # a hedge waits no longer for a first token here
-            if whole or at_once:  # the commit point is the end: read it all (usage may follow the finish)
-                head += [chunk async for chunk in stream]
-        watch.cancel()
-    except BaseException as exc:
-        if watch is not None:
-            watch.cancel()
+        try:
+            head = await _head(stream)
+        except BackendError as refused:
+            again = opening.reopen(target, refused) if isinstance(opening, Reopening) else None
+            if again is None:
+                raise
+            await _close(stream)
+            stream = again
+            head = await _head(stream)
+        watch.first = True
+        tracker.first_token(target, tokens)
+        if answering is not None:
+            answering.add(target.name)  # a hedge waits no longer for a first token here
+        if whole or at_once:  # the commit point is the end: read it all (usage may follow the finish)
+            head += [chunk async for chunk in stream]
+        watch.close()
+    except BaseException as caught:
+        exc: BaseException = TimeoutError() if watch.close(caught) else caught
         await _close(stream)
         backlog = 0 if head else tokens  # the prompt's backlog is gone once its first token came
-        phase = "answer" if at_once or (watch is not None and watch.first) else "first token"
+        phase = "answer" if at_once or watch.first else "first token"
         error = _as_backend_error(exc, target.name, phase, deadlines)
-        if watch is not None and watch.shed is not None and isinstance(exc, TimeoutError):
+        if watch.shed is not None and isinstance(exc, TimeoutError):
             error = BackendError(
                 ErrorKind.OVERLOADED,
                 f"backend {target.name} kept this request queued for {deadlines.queue_s:g}s; its queue is long",
@@ -297,6 +313,7 @@ async def start(
     prompt_tokens: int,
     whole: bool = False,
     hedge_after: float | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Committed[T]:
     """Commit to the first target that answers; raise the last error if none does (its ``failures``
     list every failed attempt).
@@ -304,13 +321,15 @@ async def start(
     ``whole``: the answer is sent whole, so the commit point is its end. Targets are tried one
     after another; with ``hedge_after`` (seconds), a target whose first token is that late gets
     company: the next target starts too, the first to answer wins and the other is cancelled.
-    ``tracker`` hears of every attempt; the committed one's ``end`` is the caller's to report."""
+    ``tracker`` hears of every attempt; the committed one's ``end`` is the caller's to report. ``loop``:
+    the running one, when the caller has it at hand (``Exchange.loop``): looking it up is a system call."""
+    loop = asyncio.get_running_loop() if loop is None else loop
     queue = list(targets)
     failures: list[tuple[str, BackendError]] = []
     if hedge_after is None or len(queue) < 2:
         for target in queue:
             try:
-                committed = await _attempt(target, opening, deadlines, tracker, prompt_tokens, whole)
+                committed = await _attempt(target, opening, deadlines, tracker, prompt_tokens, whole, loop)
             except BackendError as exc:
                 _note(failures, target.name, exc)
                 continue
@@ -321,8 +340,8 @@ async def start(
 
     def launch() -> None:
         target = queue.pop(0)
-        attempt = _attempt(target, opening, deadlines, tracker, prompt_tokens, whole, answering)
-        running[asyncio.ensure_future(attempt)] = target
+        attempt = _attempt(target, opening, deadlines, tracker, prompt_tokens, whole, loop, answering)
+        running[loop.create_task(attempt)] = target
 
     try:
         while queue or running:

@@ -205,7 +205,8 @@ async def _dispatch(
     if whole and isinstance(work, Generation):
         work.needs_first = needs_first(state, hedge_after is not None or not routing.ask_whole)
     try:
-        return await dispatch.start(targets, work, deadlines, life, feats.prompt_tokens, whole, hedge_after)
+        loop = life.ex.loop
+        return await dispatch.start(targets, work, deadlines, life, feats.prompt_tokens, whole, hedge_after, loop)
     except BackendError as exc:
         life.engine_wait_s = work.clock.waited_s
         raise from_backend(exc) from exc
