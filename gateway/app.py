@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import random
 import re
-import signal
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -36,6 +33,7 @@ from gateway.http.errors import ApiError, clip, model_not_found
 from gateway.http.exchange import ClientGone, Exchange
 from gateway.http.limits import tune_gc
 from gateway.http.protocol import RECEIVED
+from gateway.lifespan import lifespan_of
 from gateway.pipeline.generation import Generating
 from gateway.pipeline.serve import serve
 from gateway.pipeline.surfaces import Door
@@ -257,46 +255,6 @@ def unready(snapshot: FleetSnapshot) -> str | None:
     return f"no backend can take a request: {' and '.join(parts) or 'none configured'} (of {len(backends)})"
 
 
-def _lifespan(state: AppState) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
-    """Poll the fleet while serving; SIGHUP reloads the config file."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if state.tenancy is not None:
-            await state.tenancy.start()  # the key database (and its schema) before the first request
-        await state.fleet.start()
-        # Everything built so far (modules, config, engines) lives as long as the process: kept out of
-        # the collector's reach, a full collection no longer walks it (they took 50-100 ms here).
-        gc.collect()
-        gc.freeze()
-        loop = asyncio.get_running_loop()
-        reloads: set[asyncio.Task[list[str]]] = set()
-
-        def on_sighup() -> None:
-            task = loop.create_task(state.reload())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # signals: main thread only
-            loop.add_signal_handler(signal.SIGHUP, on_sighup)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(signal.SIGHUP)
-            await state.shadows.aclose()  # before the engines' connections close under them
-            await state.fleet.aclose()
-            if state.tenancy is not None:
-                await state.tenancy.aclose()  # the last usage written
-            if state.cache is not None:
-                await state.cache.store.aclose()
-            state.metrics.close()
-            if state.tracing is not None:  # the spans still batched go out before the process ends
-                await asyncio.to_thread(state.tracing.shutdown)
-
-    return lifespan
-
-
 def _routes(state: AppState, auth: AdminAuth) -> list[Route]:
     async def generation_method(request: Request) -> Response:
         """Only reached with a method other than POST (``Gateway`` answers POSTs itself)."""
@@ -391,7 +349,7 @@ def create_app(loaded: LoadedConfig, backend_factory: BackendFactory = build_bac
             HTTPException: http_error,
             Exception: internal_error,
         },
-        lifespan=_lifespan(state),
+        lifespan=lifespan_of(state),
         docs=state.config.server.docs,
         admin_auth=auth,
     )

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway.state",),  # what a running gateway holds: the config's runtime, fleet, tenancy, metrics
     ("gateway.pipeline",),  # the one generation pipeline
     ("gateway.doors",),  # the front doors (and the admin API): they use the pipeline, never the reverse
-    ("gateway.api_app", "gateway.console"),  # the OpenAPI document of every door; the operator's page
+    ("gateway.api_app", "gateway.console", "gateway.lifespan"),  # the OpenAPI document of every door; the
+    # operator's page; what starts before the first request and stops after the last
     ("gateway.app", "gateway.epp"),  # the composition roots: the ASGI app and its routes; the endpoint picker
     ("gateway.ops",),  # the operator's commands: config check/show/schema, route explain
     ("gateway.cli",),  # the `enginegate` command: serve, explain, simulate, keys
