@@ -70,6 +70,9 @@ def main() -> int:
     env = {**os.environ, "ENGINEGATE_COMPILE": "1"}
     build = [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"]
     (dest / MARK).unlink(missing_ok=True)
+    for stale in dest.rglob("*.so"):  # a module no longer listed must not stay compiled (the build puts back the rest)
+        if stale.relative_to(dest).parts[0] not in KEPT:
+            stale.unlink()
     code = subprocess.run(build, cwd=dest, env=env, check=False).returncode
     if code == 0:
         (dest / MARK).write_text("built by tools/compiled_tree.py: the listed modules are compiled here\n")

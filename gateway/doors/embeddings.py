@@ -152,6 +152,9 @@ class Embedding:
     def refusal(self, decision: Decision) -> ApiError:
         return no_candidates(decision, self.model, {}, frozenset())
 
+    def reopen(self, target: Entry, error: BackendError) -> None:
+        return None  # an embedding has no answer length to fit
+
     async def open_at(self, target: Entry) -> AsyncIterator[Chunk]:
         backend = target.backend
         if not isinstance(backend, Embedder):

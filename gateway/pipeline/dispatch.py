@@ -1,19 +1,17 @@
 """Run a routing decision: try candidates in order until one commits.
 
-The commit point is the first byte the client would get. For a stream that is
-the first content (text or a finish reason); for an answer sent whole (not
-streamed) it is the complete answer: a failure anywhere before it, mid-generation
-included, moves to the next candidate, because nothing has reached the client.
-``Committed`` then owns the backend's stream, and whoever consumes it must
-``aclose()`` it, which cancels the engine's work.
+The commit point is the first byte the client would get. For a stream that is the first content (text or
+a finish reason); for an answer sent whole (not streamed) it is the complete answer: a failure anywhere
+before it, mid-generation included, moves to the next candidate, because nothing has reached the client.
+``Committed`` then owns the backend's stream, and whoever consumes it must ``aclose()`` it, which cancels
+the engine's work.
 
-Deadlines per phase: the first token (streaming engines), and the whole answer
-for answers collected before they are sent and for engines that answer at once
-(``WholeAnswers``, where the first chunk is the whole answer). Connecting,
-response headers and gaps between bytes are the transport's deadlines.
+Deadlines per phase: the first token (streaming engines), and the whole answer for answers collected
+before they are sent and for engines that answer at once (``WholeAnswers``, where the first chunk is the
+whole answer). Connecting, response headers and gaps between bytes are the transport's deadlines.
 
-Every attempt is reported to the ``Tracker`` (the request's lifecycle) as it
-happens: sent, first token, failed, ended.
+Every attempt is reported to the ``Tracker`` (the request's lifecycle) as it happens: sent, first token,
+failed, ended.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, Protocol, TypeVar
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
 from values import value
@@ -75,13 +73,10 @@ class Opening(Protocol[T_contra]):
         under the whole answer's deadline."""
         ...
 
-
-@runtime_checkable
-class Reopening(Protocol[T_contra]):
-    """Optional, for an opening: one more try on the same target after it refused the request before its
-    first token, when the refusal says how to ask so that it fits (the answer's length, say); None: no."""
-
-    def reopen(self, target: T_contra, error: BackendError) -> AsyncIterator[Chunk] | None: ...
+    def reopen(self, target: T_contra, error: BackendError) -> AsyncIterator[Chunk] | None:
+        """One more try on the same target after it refused the request before its first token, when the
+        refusal says how to ask so that it fits (the answer's length, say); None: no."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +91,9 @@ class Generate:
     def at_once(self, target: Target) -> bool:
         return answers_whole(target.backend, self.request)
 
+    def reopen(self, target: Target, error: BackendError) -> None:
+        return None
+
 
 def answers_whole(backend: Backend, request: GenerationRequest) -> bool:
     return isinstance(backend, WholeAnswers) and backend.answers_whole(request)
@@ -108,9 +106,8 @@ class Deadlines:
     answer_s: float
     """A whole answer (collected before sending, or from an engine that answers at once) within this."""
     queue_s: float | None = None
-    """Admission control for requests already sent: one with no first token after this long, on an
-    engine that is queueing, gives up there as overloaded (with Retry-After) instead of waiting for
-    the first-token timeout."""
+    """Admission control for requests already sent: one with no first token after this long, on an engine
+    that is queueing, gives up there as overloaded (with Retry-After), not at the first-token timeout."""
 
 
 @dataclass
@@ -120,8 +117,7 @@ class Committed(Generic[T]):
     """Chunks up to the commit point: the whole answer when it was collected whole."""
     rest: AsyncIterator[Chunk]
     at_once: bool = False
-    """The target answered whole at once (``Opening.at_once``): its first chunk came with the whole
-    answer, so the time to it is the answer's, not a time to first token."""
+    """The target answered whole at once (``Opening.at_once``): the time to its first chunk is the answer's."""
 
     @property
     def backend(self) -> str:
@@ -173,12 +169,9 @@ class _Watch:
 
     One handle per attempt, re-armed only when a later phase outlives it: a handle per phase (and
     rescheduling between them) left thousands of cancelled handles in the event loop's timer heap at
-    high request rates, about a tenth of the gateway's throughput. A deadline passed cancels the
-    attempt's task, and ``close`` tells that cancellation from any other as ``asyncio.timeout`` does
-    (by the task's count of pending cancellations); it is not ``asyncio.timeout`` itself because that
-    looks up the running loop and the current task again, a ``getpid`` system call each (CPython's
-    check for a forked loop), about a tenth of the compiled gateway's CPU per request with the other
-    look-ups ``Exchange`` now spares."""
+    high request rates, about a tenth of the gateway's throughput. A deadline passed cancels the task;
+    ``close`` tells that from any other cancellation as ``asyncio.timeout`` does, which is not used: it
+    looks up the running loop twice, a ``getpid`` system call each (CPython's check for a fork)."""
 
     __slots__ = ("_cancelling", "_handle", "_loop", "_queued", "_task", "answer_at", "expired", "first", "first_at",
                  "queue_at", "shed")  # fmt: skip
@@ -201,8 +194,7 @@ class _Watch:
         """The first token came: only the whole answer's deadline is left."""
         self.shed: float | None = None
         """Set when the engine kept the request queued past the admission limit: its predicted wait."""
-        self.expired = False
-        """A deadline passed and the task was cancelled for it."""
+        self.expired = False  # a deadline passed and the task was cancelled for it
         at = first_at if queue_at is None or queue_at >= first_at else queue_at
         self._handle = loop.call_at(at, self._fire)
 
@@ -259,7 +251,7 @@ async def _attempt(
         try:
             head = await _head(stream)
         except BackendError as refused:
-            again = opening.reopen(target, refused) if isinstance(opening, Reopening) else None
+            again = opening.reopen(target, refused)
             if again is None:
                 raise
             await _close(stream)

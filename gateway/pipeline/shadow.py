@@ -230,6 +230,9 @@ class _Opening:
         context = target.context(self.context)
         return open_sized(target.backend, caps, gen, self.cap, context, self.bound, self.recount)
 
+    def reopen(self, target: Entry, error: BackendError) -> None:
+        return None  # a mirror is not retried: it is nobody's answer
+
     def at_once(self, target: Entry) -> bool:
         whole = target.whole
         return whole is not None and whole.answers_whole(self.gen)

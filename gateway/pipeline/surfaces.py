@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from backends.base import Chunk, EngineClock, GenerationRequest, Usage
+from backends.base import BackendError, Chunk, EngineClock, GenerationRequest, Usage
 from gateway.config import LimitsConfig
 from gateway.http.errors import ApiError
 from values import value
@@ -131,6 +131,8 @@ class Work(Protocol):
     def open_at(self, target: Entry) -> AsyncIterator[Chunk]: ...
 
     def at_once(self, target: Entry) -> bool: ...
+
+    def reopen(self, target: Entry, error: BackendError) -> AsyncIterator[Chunk] | None: ...
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         """The complete answer's document and the usage it reports."""
