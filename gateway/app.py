@@ -271,7 +271,7 @@ def _routes(state: AppState, auth: AdminAuth) -> list[Route]:
         """The models this request may see: all, or those its API key allows (401 without a valid key
         when keys are required)."""
         rt = state.runtime
-        names = rt.model_names | rt.aliases.keys() if rt.aliases else rt.model_names
+        names = rt.model_names.union(rt.aliases)  # a frozenset: `| keys()` gives a set, which mypy calls frozenset
         if state.tenancy is None:
             return names
         key = await state.tenancy.authenticate(request.headers.get("authorization"))
