@@ -42,9 +42,10 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from backends import http_errors
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob, ToolCallDelta, Usage
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
 from backends.capabilities import PLAIN, Capabilities
 from backends.http_base import HttpBackend
+from backends.openai_answer import Answer
 from backends.openai_wire import (
     END_TEXTS,
     FINISH,
@@ -60,7 +61,6 @@ from backends.openai_wire import (
     trimmed,
     uses_fields,
 )
-from backends.text import StopStrings, estimate_tokens
 
 # The wire functions were defined here first: the engines' adapters import them from this module.
 __all__ = [
@@ -79,18 +79,6 @@ __all__ = [
     "trimmed",
     "uses_fields",
 ]
-
-
-class _ChoiceState:
-    """What ``generate`` tracks for one choice while its stream runs."""
-
-    __slots__ = ("finish", "pieces", "stop_reason", "stops")
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = StopStrings(stops)
-        self.finish: str | None = None
-        self.stop_reason: Any = None
-        self.pieces = 0
 
 
 class OpenAICompatBackend(HttpBackend):
@@ -131,7 +119,7 @@ class OpenAICompatBackend(HttpBackend):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
-        answer = _Answer(request, self)
+        answer = Answer(request, self)
         payload = self.payload(request)
         response = await self.opened(request, path, payload)
         try:
@@ -153,102 +141,3 @@ class OpenAICompatBackend(HttpBackend):
             response.release()
         for chunk in answer.ends():
             yield chunk
-
-
-class _Answer:
-    """What ``generate`` tracks of one answer while it arrives: each choice's state and the usage."""
-
-    __slots__ = ("engine", "expected", "request", "states", "stop_texts", "usage")
-
-    def __init__(self, request: GenerationRequest, engine: OpenAICompatBackend) -> None:
-        self.request, self.engine = request, engine
-        # Engines stop at stop strings, but some stream a stop's first tokens before they see the rest
-        # (trtllm-serve), and some stream end-of-turn text (MII, TGI's completions): text that may
-        # still become a stop is held back until it is clear, per choice.
-        # The client asked vLLM to keep the stop string in the answer: the engine cuts, not the gateway.
-        keeps_stop = bool(request.extra) and request.extra.get("include_stop_str_in_output") is True
-        self.stop_texts = engine.end_texts if keeps_stop else (*request.stop, *engine.end_texts)
-        self.states: dict[int, _ChoiceState] = {}
-        self.expected = request.n if engine.capabilities.native_n else 1
-        self.usage: Usage | None = None
-
-    def read(self, batch: list[dict[str, Any]]) -> list[Chunk]:
-        """The chunks of documents that arrived together (stream chunks, or one whole answer), each but
-        the last marked as having company (``Chunk.more``)."""
-        out: list[tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]]] = []
-        states, stop_texts, top = self.states, self.stop_texts, self.request.top_logprobs
-        for doc in batch:
-            parsed = parse_chunk(doc)
-            if parsed.usage is not None:
-                self.usage = add_usage(self.usage, parsed.usage) if self.engine.usage_per_choice else parsed.usage
-            for choice in parsed.choices:
-                piece = _read_choice(states, choice, stop_texts, top)
-                if piece is not None:
-                    out.append(piece)
-        last = len(out) - 1
-        return [Chunk(text, None, None, i < last, index, calls, lps) for i, (text, index, calls, lps) in enumerate(out)]
-
-    def finished(self) -> bool:
-        """Every choice has its finish reason (or was cut at a stop)."""
-        states = self.states
-        return len(states) >= self.expected and all(s.stops.stopped or s.finish is not None for s in states.values())
-
-    def ends(self) -> list[Chunk]:
-        """Each choice's last chunk (held text, finish reason; usage on the last), once the answer ended."""
-        request, states, expected, name = self.request, self.states, self.expected, self.engine.name
-        if not states:
-            states[0] = _ChoiceState(self.stop_texts)
-        lost = [i for i in range(expected) if i not in states] + sorted(i for i in states if not 0 <= i < expected)
-        if lost:  # a choice never answered (or one never asked for): the answer is not the one asked
-            what = "never answered" if lost[0] < expected else "never asked for"
-            raise BackendError(ErrorKind.PROTOCOL, f"{name}: choice {lost[0]} of n={expected} {what}")
-        for state in states.values():
-            if state.stops.stopped:
-                state.finish = "stop"
-            if state.finish is None:
-                raise BackendError(ErrorKind.PROTOCOL, f"{name}: stream ended without a finish reason")
-        usage = self.usage
-        if usage is None:  # the engine never says: count streamed pieces (one a token), estimate the prompt
-            pieces = sum(s.pieces for s in states.values())
-            usage = Usage(estimate_tokens(message_text(request)), pieces, prompt_estimated=True)
-        order = sorted(states)
-        ends = []
-        for index in order:
-            state = states[index]
-            # Held text that starts the stop string the engine says it stopped on is not the answer.
-            reason = state.stop_reason
-            named = reason if isinstance(reason, str) and reason in request.stop else None
-            tail = "" if named is not None else state.stops.flush()
-            matched = state.stops.matched
-            if matched not in request.stop:  # an end-of-turn text, not the client's stop
-                matched = named
-            stop = matched if state.finish == "stop" else None
-            ends.append(Chunk(tail, state.finish, usage if index == order[-1] else None, False, index, (), (), stop))
-        return ends
-
-
-def _read_choice(
-    states: dict[int, _ChoiceState], choice: ParsedChoice, stop_texts: tuple[str, ...], top_logprobs: int
-) -> tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]] | None:
-    """One choice's piece of a chunk, its stop strings cut, into its state; None when nothing of it
-    goes to the client."""
-    index = choice.index
-    state = states.get(index)
-    if state is None:
-        state = states[index] = _ChoiceState(stop_texts)
-    state.finish = choice.finish or state.finish
-    if choice.stop_reason is not None:
-        state.stop_reason = choice.stop_reason
-    stops = state.stops
-    if stops.stopped:  # what arrived after the stop is not the answer
-        return None
-    text = ""
-    if choice.text:
-        state.pieces += 1
-        text = stops.feed(choice.text)
-    logprobs = choice.logprobs
-    if logprobs:
-        logprobs = trimmed(logprobs, top_logprobs)
-    if text or choice.tool_calls or logprobs:
-        return text, index, choice.tool_calls, logprobs
-    return None
