@@ -158,7 +158,7 @@ class MiiRestBackend(HttpBackend):
         """One generate call: MII's reply for ``prompt``."""
         payload = rest_payload(request, prompt, max_new_tokens)
         async with self.open_stream(request, f"/mii/{self.deployment}", payload) as response:
-            doc = self.json_event((await self._read(response, request.clock)).decode("utf-8", "replace"))
+            doc = self.json_event((await self.read_body(response, request.clock)).decode("utf-8", "replace"))
         if not (isinstance(doc, list) and doc and isinstance(doc[0], dict)):
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected MII response {str(doc)[:200]}")
         result: dict[str, Any] = doc[0]

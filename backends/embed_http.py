@@ -47,7 +47,7 @@ class OpenAIEmbeddings(HttpBackend):
         payload = {"model": self.settings.served_model, "input": inputs, "encoding_format": "float"}
         carrier = GenerationRequest(request.request_id, request.model, clock=request.clock, headers=request.headers)
         async with self.open_stream(carrier, self.embeddings_path, payload) as response:
-            body = await self._read(response, request.clock)
+            body = await self.read_body(response, request.clock)
         return parse_embeddings(self.name, body, len(inputs))
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:

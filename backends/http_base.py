@@ -24,6 +24,7 @@ import orjson
 
 from backends import http_errors
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
+from backends.event_batches import EventBatches
 from backends.httpclient import (
     CLOSE_HEADER,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -35,7 +36,6 @@ from backends.httpclient import (
     Response,
 )
 from backends.prom_text import LoadMap, read_load
-from backends.sse import Event, EventParser
 from backends.text import ChatRenderer, sized_work
 
 # Most body bytes held unread from an engine before reading from its socket pauses: flow control, not a
@@ -245,7 +245,7 @@ class HttpBackend(abc.ABC):
             status = response.status
             if status >= 300:
                 if status >= 400:
-                    body = await self._read(response)
+                    body = await self.read_body(response)
                     raise http_errors.from_response(self.name, status, body, response.headers)
                 location = response.headers.get("location", "")
                 raise BackendError(
@@ -268,7 +268,7 @@ class HttpBackend(abc.ABC):
         """POST ``payload`` to one of the engine's small JSON routes (a tokenizer's) and the parsed answer;
         errors as ``open_stream`` maps them."""
         async with self.open_stream(request, path, payload) as response:
-            body = await self._read(response, request.clock)
+            body = await self.read_body(response, request.clock)
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -288,7 +288,8 @@ class HttpBackend(abc.ABC):
             return BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}")
         return BackendError(ErrorKind.CONNECT, f"{self.name}: {type(exc).__name__}: {exc}")
 
-    async def _read(self, response: Response, clock: EngineClock | None = None) -> bytes:
+    async def read_body(self, response: Response, clock: EngineClock | None = None) -> bytes:
+        """The response's whole body; the wait goes on ``clock``, a broken read is a ``BackendError``."""
         started = time.perf_counter()
         try:
             return await response.read()
@@ -303,22 +304,6 @@ class HttpBackend(abc.ABC):
         if isinstance(exc, TimeoutError):
             return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading from the engine")
         return BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream broke: {type(exc).__name__}: {exc}")
-
-    async def chunks(self, response: Response, clock: EngineClock) -> AsyncIterator[bytes]:
-        """The body as it arrives, in whatever pieces the network delivers; time spent waiting for
-        them goes on the request's engine clock."""
-        read_chunk = response.read_chunk
-        perf_counter = time.perf_counter
-        try:
-            while True:
-                started = perf_counter()
-                chunk = await read_chunk()
-                clock.waited_s += max(0.0, response.arrived_at - started)  # 0 when it was already there
-                if not chunk:
-                    return
-                yield chunk
-        except OSError as exc:
-            raise self.transport_error(exc) from exc
 
     async def render_prompt(self, request: GenerationRequest) -> str:
         """``prompt_text`` sized to the request: a long history renders in a thread, off the event loop."""
@@ -343,41 +328,12 @@ class HttpBackend(abc.ABC):
             for doc in batch:
                 yield doc
 
-    async def json_event_batches(
+    def json_event_batches(
         self, request: GenerationRequest, response: Response, trust_status: bool = True
     ) -> AsyncIterator[list[dict[str, Any]]]:
         """Like ``json_events``, grouped by the network read that completed them: events that arrived
         together can be forwarded together (one write to the client instead of one per event)."""
-        parser = EventParser()
-        done = False
-        async for piece in self.chunks(response, request.clock):
-            batch = []
-            for event in parser.feed(piece):
-                # After [DONE] the body ends: read it to the end so the connection goes back to the pool.
-                done = done or event.data == "[DONE]"
-                if done:
-                    continue
-                try:
-                    batch.append(self._json_doc(event, trust_status))
-                except BackendError:
-                    # What came before the error is delivered first, so the commit point does not depend
-                    # on whether the engine's bytes arrived in one read or in several.
-                    if batch:
-                        yield batch
-                    raise
-            if batch:
-                yield batch
-        tail = [self._json_doc(e, trust_status) for e in parser.close() if not done and e.data != "[DONE]"]
-        if tail:
-            yield tail
-
-    def _json_doc(self, event: Event, trust_status: bool) -> dict[str, Any]:
-        doc = self.json_event(event.data)
-        if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
-            raise http_errors.from_event(self.name, doc, trust_status)
-        if not isinstance(doc, dict):
-            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected event {event.data[:200]!r}")
-        return doc
+        return EventBatches(self, response, request.clock, trust_status)
 
     def json_event(self, data: str) -> Any:
         try:

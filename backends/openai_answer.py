@@ -1,23 +1,37 @@
 """One OpenAI-compatible answer as it arrives: each choice's state, its stop strings cut, and its end.
 
-``OpenAICompatBackend.generate`` reads an engine's stream (or its whole answer) through ``Answer``: the
-documents that arrived together become ``Chunk``s, and once the stream ended each choice's last chunk
-(held text, finish reason, the usage on the last). Kept apart from the adapter, which is subclassed
-by every OpenAI-compatible engine's, so that it can be compiled (``pyproject.toml``).
+``OpenAICompatBackend.generate`` is an ``AnswerStream``: it opens the request, reads the engine's stream
+(or its whole answer) through ``Answer``, where the documents that arrived together become ``Chunk``s,
+and once the stream ended gives each choice's last chunk (held text, finish reason, the usage on the
+last). Kept apart from the adapter, which every OpenAI-compatible engine's adapter subclasses, so that
+it can be compiled (``pyproject.toml``); ``AnswerStream`` is an iterator class, not an async generator,
+for the same reason (mypyc compiles no async generators).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, TokenLogprob, ToolCallDelta, Usage
+from backends import http_errors
+from backends.base import (
+    BackendError,
+    Chunk,
+    EngineClock,
+    ErrorKind,
+    GenerationRequest,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
 from backends.capabilities import Capabilities
+from backends.httpclient import Response
 from backends.openai_wire import ParsedChoice, add_usage, message_text, parse_chunk, trimmed
 from backends.text import StopStrings, estimate_tokens
 
 
 class AnswerEngine(Protocol):
-    """What ``Answer`` reads of the engine's adapter (``OpenAICompatBackend``'s attributes)."""
+    """What ``Answer`` and ``AnswerStream`` use of the engine's adapter (``OpenAICompatBackend``)."""
 
     @property
     def name(self) -> str: ...
@@ -31,6 +45,117 @@ class AnswerEngine(Protocol):
     @property
     def end_texts(self) -> tuple[str, ...]: ...
 
+    @property
+    def ask_usage(self) -> bool: ...
+
+    @property
+    def trusts_event_status(self) -> bool: ...
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]: ...
+
+    async def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Response: ...
+
+    async def read_body(self, response: Response, clock: EngineClock | None = None) -> bytes: ...
+
+    def json_event(self, data: str) -> Any: ...
+
+    def json_event_batches(
+        self, request: GenerationRequest, response: Response, trust_status: bool = True
+    ) -> AsyncIterator[list[dict[str, Any]]]: ...
+
+
+_START, _READING, _ENDING, _DONE = 0, 1, 2, 3
+
+
+class AnswerStream:
+    """The engine's answer to one request as ``Chunk``s. The request goes out at the first ``__anext__``
+    (as with an async generator); the response is released when the answer ended or failed, or on
+    ``aclose`` (leaving before the body's end closes the connection: how engines learn of a cancel)."""
+
+    __slots__ = ("_answer", "_batches", "_engine", "_i", "_pending", "_request", "_response", "_state")
+
+    def __init__(self, engine: AnswerEngine, request: GenerationRequest) -> None:
+        self._engine = engine
+        self._request = request
+        self._answer = Answer(request, engine)
+        self._pending: list[Chunk] = []
+        self._i = 0
+        self._state = _START
+        self._response: Response | None = None
+        self._batches: AsyncIterator[list[dict[str, Any]]] | None = None
+
+    def __aiter__(self) -> AnswerStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        while True:
+            pending, i = self._pending, self._i
+            if i < len(pending):
+                self._i = i + 1
+                return pending[i]
+            state = self._state
+            if state == _READING:
+                await self._read()
+            elif state == _START:
+                await self._open()
+            elif state == _ENDING:
+                self._state = _DONE
+                self._pending, self._i = self._answer.ends(), 0
+            else:
+                raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._state = _DONE
+        self._pending = []
+        self._release()
+
+    async def _open(self) -> None:
+        engine, request = self._engine, self._request
+        self._state = _DONE  # a failure before the answer's first chunk ends it
+        path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+        payload = engine.payload(request)
+        response = self._response = await engine.opened(request, path, payload)
+        if payload["stream"]:
+            self._batches = engine.json_event_batches(request, response, engine.trusts_event_status)
+            self._state = _READING
+            return
+        try:
+            doc = engine.json_event((await engine.read_body(response, request.clock)).decode("utf-8", "replace"))
+            if isinstance(doc, dict) and "error" in doc:  # an error in a 200 answer, as in a stream
+                raise http_errors.from_event(engine.name, doc, engine.trusts_event_status)
+            if not isinstance(doc, dict):
+                raise BackendError(ErrorKind.PROTOCOL, f"{engine.name}: unexpected answer {str(doc)[:200]}")
+            self._pending, self._i = self._answer.read([doc]), 0
+        finally:
+            self._release()
+        self._state = _ENDING
+
+    async def _read(self) -> None:
+        batches = self._batches
+        if batches is None:
+            raise RuntimeError("an answer read before it was opened")
+        answer = self._answer
+        try:
+            batch = await batches.__anext__()
+            self._pending, self._i = answer.read(batch), 0
+        except StopAsyncIteration:
+            self._release()
+            self._state = _ENDING
+            return
+        except BaseException:
+            self._release()
+            self._state = _DONE
+            raise
+        if not self._engine.ask_usage and answer.finished():
+            self._release()  # nothing more worth reading: closing also stops the engine
+            self._state = _ENDING
+
+    def _release(self) -> None:
+        response = self._response
+        if response is not None:
+            self._response = None
+            response.release()
+
 
 class _ChoiceState:
     """What ``generate`` tracks for one choice while its stream runs."""
@@ -42,7 +167,6 @@ class _ChoiceState:
         self.finish: str | None = None
         self.stop_reason: Any = None
         self.pieces = 0
-
 
 
 class Answer:

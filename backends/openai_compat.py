@@ -41,11 +41,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-from backends import http_errors
-from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.base import Chunk, GenerationRequest
 from backends.capabilities import PLAIN, Capabilities
 from backends.http_base import HttpBackend
-from backends.openai_answer import Answer
+from backends.openai_answer import AnswerStream
 from backends.openai_wire import (
     END_TEXTS,
     FINISH,
@@ -117,27 +116,5 @@ class OpenAICompatBackend(HttpBackend):
         whole = self.answers_whole(request)
         return to_payload(request, self.settings.served_model, self.capabilities, self.ask_usage, fields, not whole)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
-        answer = Answer(request, self)
-        payload = self.payload(request)
-        response = await self.opened(request, path, payload)
-        try:
-            if not payload["stream"]:
-                doc = self.json_event((await self._read(response, request.clock)).decode("utf-8", "replace"))
-                if isinstance(doc, dict) and "error" in doc:  # an error in a 200 answer, as in a stream
-                    raise http_errors.from_event(self.name, doc, self.trusts_event_status)
-                if not isinstance(doc, dict):
-                    raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: unexpected answer {str(doc)[:200]}")
-                for chunk in answer.read([doc]):
-                    yield chunk
-            else:
-                async for batch in self.json_event_batches(request, response, self.trusts_event_status):
-                    for chunk in answer.read(batch):
-                        yield chunk
-                    if not self.ask_usage and answer.finished():
-                        break  # nothing more worth reading: closing also stops the engine
-        finally:
-            response.release()
-        for chunk in answer.ends():
-            yield chunk
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        return AnswerStream(self, request)

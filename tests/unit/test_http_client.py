@@ -961,7 +961,7 @@ class Plain(HttpBackend):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         async with self.open_stream(request, "/generate", {"prompt": request.prompt}) as response:
-            yield Chunk(text=(await self._read(response, request.clock)).decode(), finish_reason="stop")
+            yield Chunk(text=(await self.read_body(response, request.clock)).decode(), finish_reason="stop")
 
 
 async def generate_once(url: str, request_id: str = "req-1") -> list[Chunk]:

@@ -1,0 +1,114 @@
+"""An engine's server-sent events as batches of JSON documents, as the network delivers them.
+
+Each batch holds the events one read of the body completed, so that events which arrived together are
+forwarded together (one write to the client, not one per event). ``[DONE]`` ends the events (the body
+is still read to its end, so that the connection goes back to the pool); an error event raises as the
+engine's error (``http_errors.from_event``), after the batch of events that came before it in the same
+read, so the commit point does not depend on how the engine's bytes were split. Time spent waiting
+for the body goes on the request's engine clock.
+
+An iterator class, not an async generator: every stream's every read passes here, and the module is
+compiled by mypyc (``pyproject.toml``), which compiles no async generators.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from backends import http_errors
+from backends.base import BackendError, EngineClock, ErrorKind
+from backends.httpclient import Response
+from backends.sse import Event, EventParser
+
+
+class EventSource(Protocol):
+    """What the batches need of the engine's adapter (``HttpBackend``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def json_event(self, data: str) -> Any:
+        """The event's data parsed (a ``BackendError`` when it is not JSON)."""
+        ...
+
+    def transport_error(self, exc: Exception) -> BackendError:
+        """A failure while reading a stream that had started."""
+        ...
+
+
+class EventBatches:
+    """``async for batch in EventBatches(...)``: lists of JSON objects until the body ends."""
+
+    __slots__ = ("_clock", "_done", "_ended", "_error", "_parser", "_response", "_source", "_trust")
+
+    def __init__(self, source: EventSource, response: Response, clock: EngineClock, trust_status: bool) -> None:
+        self._source = source
+        self._response = response
+        self._clock = clock
+        self._trust = trust_status
+        self._parser = EventParser()
+        self._done = False  # [DONE] came: what follows is read, not parsed
+        self._ended = False
+        self._error: BackendError | None = None  # raised once the batch before it was taken
+
+    def __aiter__(self) -> EventBatches:
+        return self
+
+    async def __anext__(self) -> list[dict[str, Any]]:
+        error = self._error
+        if error is not None:
+            self._error = None
+            raise error
+        while not self._ended:
+            piece = await self._read()
+            if not piece:
+                self._ended = True
+                done = self._done
+                tail = [self._doc(e) for e in self._parser.close() if not done and e.data != "[DONE]"]
+                if tail:
+                    return tail
+                break
+            batch = self._batch(piece)
+            if batch:
+                return batch
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._ended = True
+
+    async def _read(self) -> bytes:
+        response = self._response
+        started = time.perf_counter()
+        try:
+            piece = await response.read_chunk()
+        except OSError as exc:
+            self._ended = True
+            raise self._source.transport_error(exc) from exc
+        self._clock.waited_s += max(0.0, response.arrived_at - started)  # 0 when it was already there
+        return piece
+
+    def _batch(self, piece: bytes) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        for event in self._parser.feed(piece):
+            done = self._done = self._done or event.data == "[DONE]"
+            if done:
+                continue
+            try:
+                batch.append(self._doc(event))
+            except BackendError as exc:
+                self._ended = True
+                if not batch:
+                    raise
+                self._error = exc  # what came before the error is delivered first
+                return batch
+        return batch
+
+    def _doc(self, event: Event) -> dict[str, Any]:
+        source = self._source
+        doc = source.json_event(event.data)
+        if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
+            raise http_errors.from_event(source.name, doc, self._trust)
+        if not isinstance(doc, dict):
+            raise BackendError(ErrorKind.PROTOCOL, f"{source.name}: unexpected event {event.data[:200]!r}")
+        return doc
