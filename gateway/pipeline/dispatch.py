@@ -110,24 +110,22 @@ class Deadlines:
     that is queueing, gives up there as overloaded (with Retry-After), not at the first-token timeout."""
 
 
-@dataclass
 class Committed(Generic[T]):
-    target: T
-    first: list[Chunk]
-    """Chunks up to the commit point: the whole answer when it was collected whole."""
-    rest: AsyncIterator[Chunk]
-    at_once: bool = False
-    """The target answered whole at once (``Opening.at_once``): the time to its first chunk is the answer's."""
+    """An attempt past its commit point: ``first``, then ``rest``, are the answer the client gets."""
+
+    __slots__ = ("at_once", "first", "rest", "target")
+
+    def __init__(self, target: T, first: list[Chunk], rest: AsyncIterator[Chunk], at_once: bool = False) -> None:
+        self.target = target
+        self.first = first
+        """Chunks up to the commit point: the whole answer when it was collected whole."""
+        self.rest = rest
+        self.at_once = at_once
+        """The target answered whole at once (``Opening.at_once``): the time to its first chunk is the answer's."""
 
     @property
     def backend(self) -> str:
         return self.target.name
-
-    async def chunks(self) -> AsyncIterator[Chunk]:
-        for chunk in self.first:
-            yield chunk
-        async for chunk in self.rest:
-            yield chunk
 
     async def aclose(self) -> None:
         await _close(self.rest)

@@ -72,7 +72,7 @@ def run(
         committed = await dispatch.start(
             targets, dispatch.Generate(request), deadlines, tracker, PROMPT, whole, hedge_after
         )
-        text = "".join([c.text async for c in committed.chunks()])
+        text = "".join([c.text for c in committed.first] + [c.text async for c in committed.rest])
         await committed.aclose()
         tracker.end(committed.target)  # what the request's lifecycle does when the answer ends
         return committed.backend, text
