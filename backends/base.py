@@ -156,7 +156,8 @@ class Chunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     more: bool = False
-    """More chunks that arrived with this one follow at once: a consumer may hold its write for them."""
+    """More chunks that arrived with this one follow at once, or the stream's end does: a consumer may
+    hold its write for them (and write what it holds when the stream ends)."""
     index: int = 0
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()

@@ -55,6 +55,12 @@ class EventBatches:
     def __aiter__(self) -> EventBatches:
         return self
 
+    @property
+    def over(self) -> bool:
+        """No more events will come, and the body is in (the next ``__anext__`` would stop without
+        waiting): ``[DONE]`` came and the body was received whole, or the body ended."""
+        return self._error is None and (self._ended or (self._done and self._response.complete))
+
     async def __anext__(self) -> list[dict[str, Any]]:
         error = self._error
         if error is not None:

@@ -10,7 +10,6 @@ for the same reason (mypyc compiles no async generators).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from backends import http_errors
@@ -25,6 +24,7 @@ from backends.base import (
     Usage,
 )
 from backends.capabilities import Capabilities
+from backends.event_batches import EventBatches
 from backends.httpclient import Response
 from backends.openai_wire import ParsedChoice, add_usage, message_text, parse_chunk, trimmed
 from backends.text import StopStrings, estimate_tokens
@@ -59,9 +59,7 @@ class AnswerEngine(Protocol):
 
     def json_event(self, data: str) -> Any: ...
 
-    def json_event_batches(
-        self, request: GenerationRequest, response: Response, trust_status: bool = True
-    ) -> AsyncIterator[list[dict[str, Any]]]: ...
+    def transport_error(self, exc: Exception) -> BackendError: ...
 
 
 _START, _READING, _ENDING, _DONE = 0, 1, 2, 3
@@ -82,7 +80,7 @@ class AnswerStream:
         self._i = 0
         self._state = _START
         self._response: Response | None = None
-        self._batches: AsyncIterator[list[dict[str, Any]]] | None = None
+        self._batches: EventBatches | None = None
 
     def __aiter__(self) -> AnswerStream:
         return self
@@ -116,7 +114,7 @@ class AnswerStream:
         payload = engine.payload(request)
         response = self._response = await engine.opened(request, path, payload)
         if payload["stream"]:
-            self._batches = engine.json_event_batches(request, response, engine.trusts_event_status)
+            self._batches = EventBatches(engine, response, request.clock, engine.trusts_event_status)
             self._state = _READING
             return
         try:
@@ -125,7 +123,7 @@ class AnswerStream:
                 raise http_errors.from_event(engine.name, doc, engine.trusts_event_status)
             if not isinstance(doc, dict):
                 raise BackendError(ErrorKind.PROTOCOL, f"{engine.name}: unexpected answer {str(doc)[:200]}")
-            self._pending, self._i = self._answer.read([doc]), 0
+            self._pending, self._i = self._answer.read([doc], True), 0
         finally:
             self._release()
         self._state = _ENDING
@@ -137,7 +135,8 @@ class AnswerStream:
         answer = self._answer
         try:
             batch = await batches.__anext__()
-            self._pending, self._i = answer.read(batch), 0
+            over = batches.over  # the end is in hand: the batch's chunks go out with the answer's last ones
+            self._pending, self._i = answer.read(batch, over), 0
         except StopAsyncIteration:
             self._release()
             self._state = _ENDING
@@ -146,8 +145,8 @@ class AnswerStream:
             self._release()
             self._state = _DONE
             raise
-        if not self._engine.ask_usage and answer.finished():
-            self._release()  # nothing more worth reading: closing also stops the engine
+        if over or (not self._engine.ask_usage and answer.finished()):
+            self._release()  # read whole, or nothing more worth reading: closing also stops the engine
             self._state = _ENDING
 
     def _release(self) -> None:
@@ -186,9 +185,10 @@ class Answer:
         self.expected = request.n if engine.capabilities.native_n else 1
         self.usage: Usage | None = None
 
-    def read(self, batch: list[dict[str, Any]]) -> list[Chunk]:
+    def read(self, batch: list[dict[str, Any]], ending: bool = False) -> list[Chunk]:
         """The chunks of documents that arrived together (stream chunks, or one whole answer), each but
-        the last marked as having company (``Chunk.more``)."""
+        the last marked as having company (``Chunk.more``), the last too when the answer's end is
+        already in hand (``ending``: its last chunks follow at once)."""
         out: list[tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]]] = []
         states, stop_texts, top = self.states, self.stop_texts, self.request.top_logprobs
         for doc in batch:
@@ -199,8 +199,8 @@ class Answer:
                 piece = _read_choice(states, choice, stop_texts, top)
                 if piece is not None:
                     out.append(piece)
-        last = len(out) - 1
-        return [Chunk(text, None, None, i < last, index, calls, lps) for i, (text, index, calls, lps) in enumerate(out)]
+        last = len(out) - (0 if ending else 1)
+        return [Chunk(t, None, None, i < last, index, calls, lps) for i, (t, index, calls, lps) in enumerate(out)]
 
     def finished(self) -> bool:
         """Every choice has its finish reason (or was cut at a stop)."""
@@ -208,7 +208,9 @@ class Answer:
         return len(states) >= self.expected and all(s.stops.stopped or s.finish is not None for s in states.values())
 
     def ends(self) -> list[Chunk]:
-        """Each choice's last chunk (held text, finish reason; usage on the last), once the answer ended."""
+        """Each choice's last chunk (held text, finish reason; usage on the last), once the answer ended:
+        each marked as having company (``Chunk.more``), since the stream's end follows at once and a
+        writer can send them with it."""
         request, states, expected, name = self.request, self.states, self.expected, self.engine.name
         if not states:
             states[0] = _ChoiceState(self.stop_texts)
@@ -237,7 +239,7 @@ class Answer:
             if matched not in request.stop:  # an end-of-turn text, not the client's stop
                 matched = named
             stop = matched if state.finish == "stop" else None
-            ends.append(Chunk(tail, state.finish, usage if index == order[-1] else None, False, index, (), (), stop))
+            ends.append(Chunk(tail, state.finish, usage if index == order[-1] else None, True, index, (), (), stop))
         return ends
 
 

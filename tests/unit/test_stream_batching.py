@@ -1,17 +1,23 @@
 """Events an engine sent together are forwarded together: the OpenAI-compatible adapter marks chunks
-that arrived in one network read, and the gateway writes their SSE events in one piece (each event
-unchanged), while events that arrive apart still go out at once."""
+that arrived in one network read (``Chunk.more``), and the gateway writes their SSE events in one
+piece (each event unchanged), with the stream's end when that came in the same read, while events that
+arrive apart still go out at once."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 
 from backends.base import GenerationRequest
 from backends.http_base import HttpSettings
 from backends.vllm import VLLMBackend
+from benchmarks.asgi import CONFIG, post, started
+from gateway.app import create_app
+from gateway.config import load_config
 from tests.conftest import free_port
+from tests.fakes import factory
 
 
 def sse(*texts: str, finish: str | None = None) -> bytes:
@@ -60,4 +66,61 @@ def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
 
     chunks = asyncio.run(scenario())
     assert chunks[:4] == [("a", True), ("b", True), ("c", False), ("d", False)]
-    assert chunks[-1][1] is False
+    assert chunks[-1][1] is True  # the stream's end follows the finish at once
+
+
+async def _engine_at_once(body: bytes) -> tuple[asyncio.Server, str]:
+    """An engine whose every answer arrives in one read: the stream ``body`` (its end included) for a
+    chat request, 200 for its health, 404 for anything else; connections kept alive."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the gateway closed the connection
+                break
+            fields = dict(line.partition(b":")[::2] for line in head.lower().split(b"\r\n")[1:] if line)
+            await reader.readexactly(int(fields.get(b"content-length", b"0")))
+            path = head.split(b" ", 2)[1]
+            if path == b"/v1/chat/completions":
+                status, kind, out = b"200 OK", b"text/event-stream", body
+            else:
+                status, kind, out = (b"200 OK" if path == b"/health" else b"404 Not Found"), b"application/json", b"{}"
+            writer.write(
+                b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (status, kind, len(out)) + out
+            )
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", free_port())
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+def test_a_stream_that_arrives_whole_is_marked_to_its_end_and_written_once(tmp_path: Path) -> None:
+    """Every chunk of an answer whose end came in the same read has company, its last chunk too (the
+    stream's end follows at once): the client gets the head, the events and [DONE] in one write."""
+    body = sse("a", "b", "c", finish="stop")
+
+    async def scenario() -> tuple[list[tuple[str, bool]], list[bytes]]:
+        server, url = await _engine_at_once(body)
+        backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m"))
+        try:
+            request = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}])
+            marks = [(c.text, c.more) async for c in backend.generate(request)]
+            config = tmp_path / "g.yaml"
+            config.write_text(CONFIG)
+            app = create_app(load_config(config), factory({"b": backend}))
+            lifespan = await started(app)
+            asked = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+            writes: list[bytes] = []
+            assert await post(app, "/v1/chat/completions", asked, writes) == 200
+            lifespan.cancel()
+            return marks, writes
+        finally:
+            await backend.aclose()
+            server.close()
+
+    marks, writes = asyncio.run(scenario())
+    assert marks == [("a", True), ("b", True), ("c", True), ("", True)]
+    assert len(writes) == 1, writes
+    assert writes[0].count(b"data: ") == 6 and writes[0].endswith(b"data: [DONE]\n\n")  # 3 texts, role, finish, [DONE]
