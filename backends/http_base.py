@@ -14,27 +14,17 @@ from __future__ import annotations
 import abc
 import asyncio
 import ssl
-import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 
-from backends import http_errors
+from backends import engine_http
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
 from backends.event_batches import EventBatches
-from backends.httpclient import (
-    CLOSE_HEADER,
-    DEFAULT_IDLE_TIMEOUT_S,
-    ConnectError,
-    HttpClient,
-    HttpError,
-    NoResponseError,
-    RequestNotSentError,
-    Response,
-)
+from backends.httpclient import DEFAULT_IDLE_TIMEOUT_S, HttpClient, Response
 from backends.prom_text import LoadMap, read_load
 from backends.text import ChatRenderer, sized_work
 
@@ -44,17 +34,6 @@ from backends.text import ChatRenderer, sized_work
 READ_BUFFER = 256 * 1024
 # Largest response head (or chunked trailers) accepted from an engine.
 HEAD_LIMIT = 64 * 1024
-
-
-def header_lines(headers: Mapping[str, str]) -> bytes:
-    """The request's extra headers as header lines; one that could break its line (not printable ASCII,
-    or a name with a colon or space) is left out rather than sent mangled."""
-    lines = b""
-    for name, value in headers.items():
-        fits = name.isascii() and name.isprintable() and value.isascii() and value.isprintable()
-        if fits and name and ":" not in name and " " not in name:
-            lines += b"%s: %s\r\n" % (name.encode(), value.encode())
-    return lines
 
 
 @dataclass(frozen=True)
@@ -217,53 +196,6 @@ class HttpBackend(abc.ABC):
         finally:
             response.release()
 
-    async def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Response:
-        """POST (with the request's id in ``X-Request-Id``) and the response once its status is 2xx; the
-        caller releases it (``Response.release``: back to the pool if its body came in whole, else
-        closed: leaving before the body's end is how engines learn that a request was cancelled).
-        The hot path's adapters call this with their own ``try``/``finally``: a generator-based
-        context manager costs an object and two frames per request."""
-        clock = request.clock
-        started = time.perf_counter()
-        rid = request.request_id
-        # The id goes into a header line: only when it cannot break one (the gateway's ids always can't).
-        headers = b"x-request-id: %s\r\n" % rid.encode() if rid.isascii() and rid.isprintable() else b""
-        if self.closes_streams and payload.get("stream"):
-            headers += CLOSE_HEADER
-        if request.headers:
-            headers += header_lines(request.headers)
-        try:
-            response = await self._client().request("POST", path, orjson.dumps(payload), headers)
-        except BaseException as exc:
-            clock.waited_s += time.perf_counter() - started
-            if isinstance(exc, OSError):
-                raise self._request_error(exc) from exc
-            raise
-        # Waited until the response's bytes arrived; parsing them after that is the gateway's work.
-        clock.waited_s += max(0.0, response.arrived_at - started)
-        try:
-            status = response.status
-            if status >= 300:
-                if status >= 400:
-                    body = await self.read_body(response)
-                    raise http_errors.from_response(self.name, status, body, response.headers)
-                location = response.headers.get("location", "")
-                raise BackendError(
-                    ErrorKind.PROTOCOL,
-                    f"{self.name}: the engine answered {status} (redirect to {location or 'nowhere'}); "
-                    "redirects are not followed: point the backend's url at the engine itself",
-                )
-            if response.content_type == "text/html":
-                raise BackendError(
-                    ErrorKind.PROTOCOL,
-                    f"{self.name}: the engine answered {status} with text/html instead of JSON or "
-                    "an event stream (a login page or a proxy's error page?)",
-                )
-        except BaseException:
-            response.release()  # an error's body was read whole: back to the pool
-            raise
-        return response
-
     async def post_json(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Any:
         """POST ``payload`` to one of the engine's small JSON routes (a tokenizer's) and the parsed answer;
         errors as ``open_stream`` maps them."""
@@ -274,36 +206,20 @@ class HttpBackend(abc.ABC):
         except orjson.JSONDecodeError as exc:
             raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: {path} answered {body[:200]!r}, not JSON") from exc
 
-    def _request_error(self, exc: OSError) -> BackendError:
-        """A request that got no response head."""
-        if isinstance(exc, TimeoutError):
-            return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out waiting for the engine")
-        if isinstance(exc, RequestNotSentError):
-            return BackendError(ErrorKind.CONNECT, f"{self.name}: the request could not be sent: {exc}")
-        if isinstance(exc, ConnectError):
-            return BackendError(ErrorKind.CONNECT, f"{self.name}: cannot connect: {exc}")
-        if isinstance(exc, NoResponseError):
-            return BackendError(ErrorKind.PROTOCOL, f"{self.name}: no response: {exc}")
-        if isinstance(exc, HttpError):
-            return BackendError(ErrorKind.PROTOCOL, f"{self.name}: {type(exc).__name__}: {exc}")
-        return BackendError(ErrorKind.CONNECT, f"{self.name}: {type(exc).__name__}: {exc}")
+    def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Awaitable[Response]:
+        """POST (with the request's id in ``X-Request-Id``) and the response once its status is 2xx; the
+        caller releases it (``engine_http.open_response``). The hot path's adapters call this with their
+        own ``try``/``finally``: a generator-based context manager costs an object and two frames per
+        request. A plain function that returns the compiled coroutine: no frame of its own."""
+        return engine_http.open_response(self._client(), self.name, request, path, payload, self.closes_streams)
 
-    async def read_body(self, response: Response, clock: EngineClock | None = None) -> bytes:
+    def read_body(self, response: Response, clock: EngineClock | None = None) -> Awaitable[bytes]:
         """The response's whole body; the wait goes on ``clock``, a broken read is a ``BackendError``."""
-        started = time.perf_counter()
-        try:
-            return await response.read()
-        except OSError as exc:
-            raise self.transport_error(exc) from exc
-        finally:
-            if clock is not None:
-                clock.waited_s += time.perf_counter() - started
+        return engine_http.read_body(self.name, response, clock)
 
     def transport_error(self, exc: Exception) -> BackendError:
         """A failure while reading a stream that had started."""
-        if isinstance(exc, TimeoutError):
-            return BackendError(ErrorKind.TIMEOUT, f"{self.name}: timed out reading from the engine")
-        return BackendError(ErrorKind.PROTOCOL, f"{self.name}: stream broke: {type(exc).__name__}: {exc}")
+        return engine_http.transport_error(self.name, exc)
 
     async def render_prompt(self, request: GenerationRequest) -> str:
         """``prompt_text`` sized to the request: a long history renders in a thread, off the event loop."""

@@ -10,6 +10,7 @@ for the same reason (mypyc compiles no async generators).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from backends import http_errors
@@ -53,9 +54,9 @@ class AnswerEngine(Protocol):
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]: ...
 
-    async def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Response: ...
+    def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Awaitable[Response]: ...
 
-    async def read_body(self, response: Response, clock: EngineClock | None = None) -> bytes: ...
+    def read_body(self, response: Response, clock: EngineClock | None = None) -> Awaitable[bytes]: ...
 
     def json_event(self, data: str) -> Any: ...
 

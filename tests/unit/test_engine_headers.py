@@ -3,7 +3,7 @@ cannot break one: a value with a line break or a name with a colon is left out, 
 
 from __future__ import annotations
 
-from backends.http_base import header_lines
+from backends.engine_http import header_lines
 
 
 def test_headers_become_lines_and_those_that_would_break_one_are_left_out() -> None:
