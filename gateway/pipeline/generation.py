@@ -22,7 +22,8 @@ from gateway.http.errors import ApiError
 from gateway.http.exchange import Exchange
 from gateway.pipeline.fields import check_extras, drop_unsupported
 from gateway.pipeline.refusals import no_candidates
-from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound, resized
+from gateway.pipeline.restreams import Recount
+from gateway.pipeline.shaping import open_answer, open_sized, prompt_bound, resized
 from gateway.pipeline.surfaces import Answer, Asked, Surface
 from routing.features import features
 from routing.types import Decision, FleetSnapshot, RequestFeatures

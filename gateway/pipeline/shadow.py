@@ -30,7 +30,8 @@ from gateway.http.errors import ApiError
 from gateway.pipeline import dispatch
 from gateway.pipeline.dispatch import Committed, Deadlines
 from gateway.pipeline.lifecycle import RequestLife
-from gateway.pipeline.shaping import Recount, open_answer, open_sized, prompt_bound
+from gateway.pipeline.restreams import Recount
+from gateway.pipeline.shaping import open_answer, open_sized, prompt_bound
 from gateway.pipeline.surfaces import Answer, UsageTotal
 from gateway.telemetry.shadow_pairs import COMPARED_CHARS, PairInfo, Side, capacity_cost, comparison
 from routing.policy import choose, with_rule_defaults

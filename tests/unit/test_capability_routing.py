@@ -13,7 +13,8 @@ import pytest
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest, Usage
 from backends.capabilities import FEATURES, JSON_SCHEMA, LOGPROBS, TOOLS, Capabilities
 from gateway.doors.openai_shapes import ResponseShape
-from gateway.pipeline.shaping import default_length, fan_in, open_answer
+from gateway.pipeline.restreams import fan_in
+from gateway.pipeline.shaping import default_length, open_answer
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.policy import choose
 from routing.types import (
