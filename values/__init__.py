@@ -6,7 +6,10 @@ class unfrozen (seven fields: 760 ns against 160 ns here), and the request path 
 per request and more per streamed chunk. A ``@value`` class is frozen for the type checker (every
 module is mypy-strict: an assignment to a field is an error there, ``dataclass_transform``'s
 ``frozen_default``) and a plain slotted dataclass at run time, hashed by its fields as a frozen one
-is (``unsafe_hash``). ``dataclasses.replace`` works on it as on any dataclass.
+is (``unsafe_hash``). ``dataclasses.replace`` works on it as on any dataclass; ``evolve`` does the same
+about four times faster (for the request path: 0.8 against 3.4 µs for ``GenerationRequest``'s 27
+fields), reading the fields at once and passing them by position where ``replace`` looks each one up
+by name and passes it as a keyword.
 
 The lowest layer of the tree (``tests/unit/test_layering.py``): ``routing`` and ``backends``, which
 must not know each other, both build such records.
@@ -15,8 +18,9 @@ must not know each other, both build such records.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar, dataclass_transform, overload
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
+from typing import Any, TypeVar, dataclass_transform, overload
 
 T = TypeVar("T")
 
@@ -33,6 +37,32 @@ def value(cls: type[T] | None = None, /, *, kw_only: bool = False) -> type[T] | 
     ``dataclass`` takes it (a subclass adding a field without a default to a class with defaults)."""
 
     def make(c: type[T]) -> type[T]:
-        return dataclass(slots=True, unsafe_hash=True, kw_only=kw_only)(c)
+        made = dataclass(slots=True, unsafe_hash=True, kw_only=kw_only)(c)
+        names = tuple(f.name for f in fields(made))  # type: ignore[arg-type]  # a dataclass now
+        if len(names) > 1 and not kw_only and all(f.init and not f.kw_only for f in fields(made)):  # type: ignore[arg-type]
+            setattr(made, _SHAPE, (attrgetter(*names), {name: i for i, name in enumerate(names)}))
+        return made
 
     return make if cls is None else make(cls)
+
+
+_SHAPE = "_value_shape"
+"""The class attribute where ``value`` leaves what ``evolve`` needs: a getter of every field at once, and
+each field's position; absent where the fields cannot all be passed by position."""
+
+
+def evolve(record: T, /, **changes: Any) -> T:
+    """``dataclasses.replace(record, **changes)`` for a ``@value`` record, faster (the module docstring);
+    any other dataclass goes to ``replace``."""
+    cls = type(record)
+    shape: tuple[Callable[[T], tuple[Any, ...]], dict[str, int]] | None = getattr(cls, _SHAPE, None)
+    if shape is None:
+        return replace(record, **changes)  # type: ignore[type-var]  # a dataclass, or replace says why not
+    get, index = shape
+    values = list(get(record))
+    for name, new in changes.items():
+        i = index.get(name)
+        if i is None:
+            raise TypeError(f"{cls.__name__} has no field {name!r}")
+        values[i] = new
+    return cls(*values)

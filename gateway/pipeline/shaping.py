@@ -41,6 +41,7 @@ from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationReq
 from backends.capabilities import Capabilities
 from backends.http_errors import context_figures
 from gateway.pipeline.restreams import Recount, fan_in, recounted
+from values import evolve
 
 ESTIMATE_MARGIN = 1.25
 CHARS_PER_TOKEN = 4
@@ -83,7 +84,7 @@ def default_length(request: GenerationRequest, cap: int, context: int, prompt_to
     ``prompt_tokens`` (``prompt_bound``), at least one."""
     if request.max_tokens is not None:
         return request
-    return replace(request, max_tokens=max(1, min(cap, context - prompt_tokens)))
+    return evolve(request, max_tokens=max(1, min(cap, context - prompt_tokens)))
 
 
 def open_sized(
@@ -100,7 +101,7 @@ def open_sized(
     sized = default_length(request, cap, context, prompt_tokens)
     min_tokens = request.extra.get("min_tokens")
     if type(min_tokens) is int and sized.max_tokens is not None and min_tokens > sized.max_tokens:
-        return _refused(
+        return _Refused(
             BackendError(
                 ErrorKind.CONTEXT_LENGTH,
                 f"min_tokens ({min_tokens}) is more than this backend's context leaves for the answer "
@@ -133,9 +134,22 @@ def resized(
     return None if room is None else replace(sized, max_tokens=room)
 
 
-async def _refused(error: BackendError) -> AsyncIterator[Chunk]:
-    raise error
-    yield Chunk()  # pragma: no cover - makes this an async generator
+class _Refused:
+    """An answer refused before it was asked for: its first ``__anext__`` raises ``error``."""
+
+    __slots__ = ("_error",)
+
+    def __init__(self, error: BackendError) -> None:
+        self._error: BackendError | None = error
+
+    def __aiter__(self) -> _Refused:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        error, self._error = self._error, None
+        if error is None:
+            raise StopAsyncIteration
+        raise error
 
 
 def _smaller(limit: int, prompt: int | None, request: GenerationRequest, cap: int, counted: int) -> int | None:
