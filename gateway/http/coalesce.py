@@ -6,14 +6,27 @@ half of the protocol layer's cost per request in a profile). The cycle's transpo
 it holds the head until the next write and sends both as one. Only the cycle writes through it (the
 protocol keeps the socket's own transport for refusals and flow control); whatever else the cycle
 does (closing when the app failed mid-response) sends what is held first.
+
+A whole response (``Exchange.respond``) skips the two ASGI messages altogether where it can:
+``send_whole`` does on the cycle what its ``send`` does for a start and a last body message (the
+same head, the same state after), in one call and one write, checking the header lines with two
+searches in all where ``send`` makes two per line (5% of the gateway's CPU per whole answer went to
+``send``). Where anything is unusual (a connection header, a paused or gone client, an access log)
+it leaves the response to ``send``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
+
 if TYPE_CHECKING:
     import asyncio
+
+_OWN = frozenset((b"connection", b"transfer-encoding", b"content-length"))
+"""Header names whose lines change what the cycle does with the connection or the body: never sent by
+``send_whole`` (the content length is its own)."""
 
 _INTERIM = b"HTTP/1.1 1"
 """An interim response (``100 Continue``): the client waits for it before sending its body, so it is
@@ -57,3 +70,48 @@ class HeadWithBody:
 
     def is_closing(self) -> bool:
         return self.transport.is_closing()
+
+
+def cycle_of(send: object) -> RequestResponseCycle | None:
+    """The uvicorn request cycle whose ``send`` the app was given, or None (another server, a wrapper)."""
+    owner = getattr(send, "__self__", None)
+    return owner if isinstance(owner, RequestResponseCycle) else None
+
+
+def send_whole(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """The response (``headers`` without its length) in one write, as the cycle's ``send`` of a start and
+    a last body message would write it, and the cycle left as it would leave it; False, nothing done,
+    when this response is one for ``send`` (see the module docstring)."""
+    if cycle.response_started or cycle.disconnected or cycle.flow.write_paused or cycle.access_log:
+        return False
+    if cycle.scope["method"] == "HEAD" or status not in STATUS_LINE:
+        return False
+    lines = [*cycle.default_headers, *headers]
+    names = b"".join([name for name, _ in lines])
+    values = b"".join([value for _, value in lines])
+    # One character class each: a search over the joined names (values) finds what one per line finds.
+    if HEADER_RE.search(names) or HEADER_VALUE_RE.search(values):
+        return False  # send raises for it, as it should
+    content = [STATUS_LINE[status]]
+    for name, value in lines:
+        name = name.lower()
+        if name in _OWN:
+            return False
+        content.append(b"%s: %s\r\n" % (name, value))
+    content.append(b"content-length: %d\r\n" % len(body))
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content.append(b"\r\n")
+    content.append(body)
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.chunked_encoding = False
+    cycle.expected_content_length = 0
+    transport = cycle.transport
+    (transport.transport if isinstance(transport, HeadWithBody) else transport).write(b"".join(content))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        transport.close()
+    cycle.on_response()
+    return True

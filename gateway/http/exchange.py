@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Send
 
+from gateway.http.coalesce import cycle_of, send_whole
 from gateway.http.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
@@ -54,6 +55,7 @@ class Exchange:
     ) -> None:
         self._receive = receive
         self._send = send
+        self._cycle = cycle_of(send)
         self.request_id = request_id
         """The gateway's own id of the request, unique: in logs, response ids and ``x-request-id``."""
         self.client_request_id = client_request_id
@@ -132,6 +134,10 @@ class Exchange:
 
     async def respond(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.started = True
+        cycle = self._cycle
+        if cycle is not None and send_whole(cycle, status, [*self.headers, *(headers or ()), _JSON], body):
+            self._finished = True
+            return
         all_headers = [*self.headers, *(headers or ()), _JSON, (b"content-length", str(len(body)).encode())]
         await self._send({"type": "http.response.start", "status": status, "headers": all_headers})
         self._finished = True

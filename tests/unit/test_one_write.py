@@ -1,17 +1,23 @@
 """One write per response (gateway/http/coalesce.py): the gateway's HTTP protocol, driven with a
 transport that records its writes, sends a whole answer's head and body in one ``write()`` (one system
-call), a stream's head with its first event, and never holds an interim ``100 Continue``."""
+call), a stream's head with its first event, and never holds an interim ``100 Continue``; a whole
+response sent in one call on the request cycle (``send_whole``) is byte for byte what uvicorn's
+``send`` writes for it."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from gateway.http.coalesce import HeadWithBody
+from gateway.http import exchange
+from gateway.http.coalesce import HeadWithBody, cycle_of, send_whole
+from gateway.http.exchange import Exchange
 from gateway.http.protocol import GatewayHttpProtocol
+from tests.compiled import compiled
 
 
 class Recorded(asyncio.Transport):
@@ -99,3 +105,98 @@ def test_an_interim_response_is_never_held_and_a_close_sends_what_is_held() -> N
     assert len(transport.writes) == 1, "the head waits for the body"
     out.close()
     assert transport.writes[1:] == [b"HTTP/1.1 200 OK\r\n\r\n"] and transport.closed
+
+
+def _exchange_app(direct: bool, heard: list[Any]) -> Any:
+    """An app answering through ``Exchange.respond``; ``direct``: with the cycle's own ``send`` (the
+    one-call path), else through a wrapper, which leaves it to uvicorn's ``send``. A ``receive`` waiting
+    while it answers (as the gateway's disconnect watcher does) hears the end of the exchange: into
+    ``heard`` (an app's own failure is only logged by uvicorn)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+
+        async def wrapped(message: Any) -> None:
+            await send(message)
+
+        waiting = asyncio.ensure_future(receive())
+        await asyncio.sleep(0)
+        ex = Exchange(receive, send if direct else wrapped, "r1")
+        await ex.respond(429, b'{"error":1}', [(b"retry-after", b"2"), (b"X-Limit", b"a b")])
+        heard.append(await asyncio.wait_for(waiting, 5))
+
+    return app
+
+
+def _answered(app: Any, request_heads: list[str], heard: list[Any] | None = None) -> tuple[list[bytes], bool, int]:
+    """What the protocol wrote for each request (sent one after the other on one connection), whether
+    it closed the connection, and how many responses the server counted as complete; with ``heard``,
+    once the app put something there for each request."""
+
+    async def go() -> tuple[list[bytes], bool, int]:
+        # No access log, as the gateway serves (with one, and pytest's log handlers make one, it is send's).
+        config = Config(app=app, http="httptools", log_config=None, lifespan="off", access_log=False)
+        config.load()
+        state = ServerState()
+        protocol = GatewayHttpProtocol(config, state, {}, asyncio.get_running_loop())
+        transport = Recorded()
+        protocol.connection_made(transport)
+        for n, head in enumerate(request_heads, 1):
+            protocol.data_received(head.encode() + b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(transport.writes) < n or state.total_requests < n or len(heard or [None] * n) < n:
+                assert asyncio.get_running_loop().time() < deadline, (transport.writes, state.total_requests)
+                await asyncio.sleep(0)
+        return transport.writes, transport.closed, state.total_requests
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        ["POST /a HTTP/1.1\r\nhost: localhost\r\n", "POST /b HTTP/1.1\r\nhost: localhost\r\n"],  # kept alive
+        ["POST /a HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"],
+        ["POST /a HTTP/1.0\r\nhost: localhost\r\n"],
+    ],
+)
+def test_a_whole_response_in_one_call_is_what_uvicorns_send_writes(heads: list[str]) -> None:
+    """``send_whole`` writes the same bytes as the cycle's ``send`` of the same response, leaves the
+    connection as it would (the next request answered, or the connection closed), in one write each."""
+    calls = []
+
+    def counted(*args: Any) -> bool:
+        calls.append(send_whole(*args))
+        return calls[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exchange, "send_whole", counted)
+        fast_heard: list[Any] = []
+        fast, fast_closed, fast_done = _answered(_exchange_app(True, fast_heard), heads, fast_heard)
+    # Compiled, the exchange calls send_whole directly (no module attribute to patch): the bytes still count.
+    assert calls == [True] * len(heads) or (compiled(exchange) and not calls)
+    slow_heard: list[Any] = []
+    slow, slow_closed, slow_done = _answered(_exchange_app(False, slow_heard), heads, slow_heard)
+    assert fast_heard == slow_heard == [{"type": "http.disconnect"}] * len(heads)
+    assert fast == slow and len(fast) == len(heads), (fast, slow)
+    assert fast_closed == slow_closed == (len(heads) == 1)
+    assert fast_done == slow_done == len(heads)
+    assert fast[0].startswith(b"HTTP/1.1 429 Too Many Requests\r\n") and b"retry-after: 2\r\n" in fast[0]
+
+
+def test_a_header_send_refuses_is_left_to_send() -> None:
+    cycle_headers = [(b"x-bad", b"a\nb")]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        cycle = cycle_of(send)
+        assert cycle is not None
+        assert not send_whole(cycle, 200, cycle_headers, b"{}") and not cycle.response_started
+        await Exchange(receive, send, "r1").respond(200, b"{}")
+
+    writes, _, _ = _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
+    assert writes[0].endswith(b"\r\n\r\n{}")

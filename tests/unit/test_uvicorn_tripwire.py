@@ -45,9 +45,12 @@ PROTOCOL_ATTRIBUTES = ("cycle", "parser", "connections", "loop")
 # Set per request by on_message_begin, or on connection by connection_made.
 PER_REQUEST_ATTRIBUTES = ("url", "headers", "scope")
 PER_CONNECTION_ATTRIBUTES = ("transport", "client")
-# Attributes of the request cycle the gateway reads or sets when it refuses a request mid-way.
+# Attributes of the request cycle the gateway reads or sets when it refuses a request mid-way, and when
+# it sends a whole response in one call (gateway/http/coalesce.py send_whole).
 CYCLE_ATTRIBUTES = (
-    "response_started", "response_complete", "disconnected", "message_event", "keep_alive", "transport"
+    "response_started", "response_complete", "disconnected", "message_event", "keep_alive", "transport",
+    "waiting_for_100_continue", "chunked_encoding", "expected_content_length", "flow", "access_log", "scope",
+    "default_headers", "on_response",
 )  # fmt: skip
 # What the request cycle does with its transport: all the gateway's stand-in (gateway/http/coalesce.py) has.
 CYCLE_TRANSPORT_CALLS = {"write", "close", "is_closing"}
@@ -75,6 +78,10 @@ def test_protocol_method_exists(name: str) -> None:
 
 def test_protocol_module_members() -> None:
     assert isinstance(getattr(httptools_impl, "STATUS_LINE", None), dict), "uvicorn httptools_impl.STATUS_LINE"
+    for name in ("HEADER_RE", "HEADER_VALUE_RE"):  # one character class each (send_whole searches joined lines)
+        pattern = getattr(httptools_impl, name, None)
+        assert isinstance(pattern, re.Pattern), name
+        assert pattern.pattern[:1] == b"[" and pattern.pattern[-1:] == b"]", (name, pattern.pattern)
     assert 200 in httptools_impl.STATUS_LINE
     assert hasattr(ServerState(), "connections"), "uvicorn ServerState.connections"
     params = inspect.signature(HttpToolsProtocol.__init__).parameters
