@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+import orjson
+
 from backends import http_errors
 from backends.base import BackendError, EngineClock, ErrorKind
 from backends.httpclient import Response
@@ -28,22 +30,28 @@ class EventSource(Protocol):
     @property
     def name(self) -> str: ...
 
-    def json_event(self, data: str) -> Any:
-        """The event's data parsed (a ``BackendError`` when it is not JSON)."""
-        ...
-
     def transport_error(self, exc: Exception) -> BackendError:
         """A failure while reading a stream that had started."""
         ...
 
 
+def json_doc(name: str, data: str) -> Any:
+    """An event's data (or a whole answer) parsed; a ``BackendError`` from engine ``name`` when it is not
+    JSON. Here rather than on the adapter, which stays interpreted: once per streamed event."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(ErrorKind.PROTOCOL, f"{name}: not JSON in stream: {data[:200]!r}") from exc
+
+
 class EventBatches:
     """``async for batch in EventBatches(...)``: lists of JSON objects until the body ends."""
 
-    __slots__ = ("_clock", "_done", "_ended", "_error", "_parser", "_response", "_source", "_trust")
+    __slots__ = ("_clock", "_done", "_ended", "_error", "_name", "_parser", "_response", "_source", "_trust")
 
     def __init__(self, source: EventSource, response: Response, clock: EngineClock, trust_status: bool) -> None:
         self._source = source
+        self._name = source.name
         self._response = response
         self._clock = clock
         self._trust = trust_status
@@ -111,10 +119,10 @@ class EventBatches:
         return batch
 
     def _doc(self, event: Event) -> dict[str, Any]:
-        source = self._source
-        doc = source.json_event(event.data)
+        name = self._name
+        doc = json_doc(name, event.data)
         if event.field == "error" or (isinstance(doc, dict) and "error" in doc):
-            raise http_errors.from_event(source.name, doc, self._trust)
+            raise http_errors.from_event(name, doc, self._trust)
         if not isinstance(doc, dict):
-            raise BackendError(ErrorKind.PROTOCOL, f"{source.name}: unexpected event {event.data[:200]!r}")
+            raise BackendError(ErrorKind.PROTOCOL, f"{name}: unexpected event {event.data[:200]!r}")
         return doc

@@ -23,7 +23,7 @@ import orjson
 
 from backends import engine_http
 from backends.base import BackendError, Chunk, EngineClock, ErrorKind, GenerationRequest, Health, Load
-from backends.event_batches import EventBatches
+from backends.event_batches import EventBatches, json_doc
 from backends.httpclient import DEFAULT_IDLE_TIMEOUT_S, HttpClient, Response
 from backends.prom_text import LoadMap, read_load
 from backends.text import ChatRenderer, sized_work
@@ -252,7 +252,4 @@ class HttpBackend(abc.ABC):
         return EventBatches(self, response, request.clock, trust_status)
 
     def json_event(self, data: str) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise BackendError(ErrorKind.PROTOCOL, f"{self.name}: not JSON in stream: {data[:200]!r}") from exc
+        return json_doc(self.name, data)

@@ -25,7 +25,7 @@ from backends.base import (
     Usage,
 )
 from backends.capabilities import Capabilities
-from backends.event_batches import EventBatches
+from backends.event_batches import EventBatches, json_doc
 from backends.httpclient import Response
 from backends.openai_wire import ParsedChoice, add_usage, message_text, parse_chunk, trimmed
 from backends.text import StopStrings, estimate_tokens
@@ -57,8 +57,6 @@ class AnswerEngine(Protocol):
     def opened(self, request: GenerationRequest, path: str, payload: dict[str, Any]) -> Awaitable[Response]: ...
 
     def read_body(self, response: Response, clock: EngineClock | None = None) -> Awaitable[bytes]: ...
-
-    def json_event(self, data: str) -> Any: ...
 
     def transport_error(self, exc: Exception) -> BackendError: ...
 
@@ -119,7 +117,7 @@ class AnswerStream:
             self._state = _READING
             return
         try:
-            doc = engine.json_event((await engine.read_body(response, request.clock)).decode("utf-8", "replace"))
+            doc = json_doc(engine.name, (await engine.read_body(response, request.clock)).decode("utf-8", "replace"))
             if isinstance(doc, dict) and "error" in doc:  # an error in a 200 answer, as in a stream
                 raise http_errors.from_event(engine.name, doc, engine.trusts_event_status)
             if not isinstance(doc, dict):

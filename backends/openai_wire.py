@@ -16,7 +16,6 @@ finish reason per choice (engines' own spellings mapped to OpenAI's, ``tool_call
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from backends import capabilities as cap
@@ -128,24 +127,37 @@ def to_payload(
     return payload
 
 
-# Not frozen: a frozen dataclass costs four times as much to make, once per streamed token.
-@dataclass(slots=True)
+# Plain classes, not dataclasses: made once per streamed token, and a dataclass's generated ``__init__``
+# stays interpreted in the compiled module (built natively, half the cost: 107 against 199 ns).
 class ParsedChoice:
     """One choice's part of a stream chunk."""
 
-    index: int = 0
-    text: str = ""
-    finish: str | None = None
-    stop_reason: Any = None
-    """vLLM and trtllm-serve name the stop string that ended generation here."""
-    tool_calls: tuple[ToolCallDelta, ...] = ()
-    logprobs: tuple[TokenLogprob, ...] = ()
+    __slots__ = ("finish", "index", "logprobs", "stop_reason", "text", "tool_calls")
+
+    def __init__(
+        self,
+        index: int = 0,
+        text: str = "",
+        finish: str | None = None,
+        stop_reason: Any = None,
+        tool_calls: tuple[ToolCallDelta, ...] = (),
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> None:
+        self.index = index
+        self.text = text
+        self.finish = finish
+        self.stop_reason = stop_reason
+        """vLLM and trtllm-serve name the stop string that ended generation here."""
+        self.tool_calls = tool_calls
+        self.logprobs = logprobs
 
 
-@dataclass(slots=True)
 class ParsedChunk:
-    choices: list[ParsedChoice]
-    usage: Usage | None = None
+    __slots__ = ("choices", "usage")
+
+    def __init__(self, choices: list[ParsedChoice], usage: Usage | None = None) -> None:
+        self.choices = choices
+        self.usage = usage
 
     # The first choice's parts, for callers that read single-choice streams.
     @property

@@ -12,7 +12,9 @@ A whole response (``Exchange.respond``) skips the two ASGI messages altogether w
 same head, the same state after), in one call and one write, checking the header lines with two
 searches in all where ``send`` makes two per line (5% of the gateway's CPU per whole answer went to
 ``send``). Where anything is unusual (a connection header, a paused or gone client, an access log)
-it leaves the response to ``send``.
+it leaves the response to ``send``. A stream's head and events go the same way (``start_chunked``,
+``send_chunk``: what ``send`` writes for a start without a length and for each body message, chunked),
+except while the client is slow to read: a paused transport is ``send``'s, which waits for its drain.
 """
 
 from __future__ import annotations
@@ -78,26 +80,36 @@ def cycle_of(send: object) -> RequestResponseCycle | None:
     return owner if isinstance(owner, RequestResponseCycle) else None
 
 
-def send_whole(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-    """The response (``headers`` without its length) in one write, as the cycle's ``send`` of a start and
-    a last body message would write it, and the cycle left as it would leave it; False, nothing done,
-    when this response is one for ``send`` (see the module docstring)."""
+def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes] | None:
+    """The status line and header lines ``send`` would write for a start message with ``headers`` (none of
+    them a length, an encoding or a connection header), the closing blank line not yet added; None when
+    the response is one for ``send``."""
     if cycle.response_started or cycle.disconnected or cycle.flow.write_paused or cycle.access_log:
-        return False
+        return None
     if cycle.scope["method"] == "HEAD" or status not in STATUS_LINE:
-        return False
+        return None
     lines = [*cycle.default_headers, *headers]
     names = b"".join([name for name, _ in lines])
     values = b"".join([value for _, value in lines])
     # One character class each: a search over the joined names (values) finds what one per line finds.
     if HEADER_RE.search(names) or HEADER_VALUE_RE.search(values):
-        return False  # send raises for it, as it should
+        return None  # send raises for it, as it should
     content = [STATUS_LINE[status]]
     for name, value in lines:
         name = name.lower()
         if name in _OWN:
-            return False
+            return None
         content.append(b"%s: %s\r\n" % (name, value))
+    return content
+
+
+def send_whole(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """The response (``headers`` without its length) in one write, as the cycle's ``send`` of a start and
+    a last body message would write it, and the cycle left as it would leave it; False, nothing done,
+    when this response is one for ``send`` (see the module docstring)."""
+    content = _head(cycle, status, headers)
+    if content is None:
+        return False
     content.append(b"content-length: %d\r\n" % len(body))
     if not cycle.keep_alive:
         content.append(b"connection: close\r\n")
@@ -109,9 +121,50 @@ def send_whole(cycle: RequestResponseCycle, status: int, headers: list[tuple[byt
     cycle.expected_content_length = 0
     transport = cycle.transport
     (transport.transport if isinstance(transport, HeadWithBody) else transport).write(b"".join(content))
+    _complete(cycle)
+    return True
+
+
+def start_chunked(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+    """A streamed response's head, as the cycle's ``send`` of a start message without a length writes
+    it (chunked), held by the cycle's transport for the first body bytes; False, nothing done, when it
+    is one for ``send``."""
+    content = _head(cycle, status, headers) if status not in (204, 304) else None
+    if content is None:
+        return False
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content.append(b"transfer-encoding: chunked\r\n\r\n")
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.chunked_encoding = True
+    cycle.expected_content_length = 0
+    cycle.transport.write(b"".join(content))
+    return True
+
+
+def send_chunk(cycle: RequestResponseCycle, body: bytes, more: bool) -> bool:
+    """A body message of a chunked response, as the cycle's ``send`` writes it, and the response's end
+    when not ``more``; False, nothing done, when it is one for ``send`` (a paused transport waits for
+    its drain there)."""
+    if cycle.disconnected or cycle.flow.write_paused or not cycle.chunked_encoding or cycle.response_complete:
+        return False
+    if not cycle.response_started or cycle.scope["method"] == "HEAD":
+        return False
+    if body:
+        data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if not more else b"%x\r\n%s\r\n" % (len(body), body)
+    else:
+        data = b"" if more else b"0\r\n\r\n"
+    cycle.transport.write(data)
+    if not more:
+        _complete(cycle)
+    return True
+
+
+def _complete(cycle: RequestResponseCycle) -> None:
+    """What the cycle's ``send`` does once the response's last bytes are written."""
     cycle.response_complete = True
     cycle.message_event.set()
     if not cycle.keep_alive:
-        transport.close()
+        cycle.transport.close()
     cycle.on_response()
-    return True

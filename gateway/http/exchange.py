@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Send
 
-from gateway.http.coalesce import cycle_of, send_whole
+from gateway.http.coalesce import cycle_of, send_chunk, send_whole, start_chunked
 from gateway.http.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
@@ -150,15 +150,22 @@ class Exchange:
 
     async def start_stream(self) -> None:
         self.started = True
-        await self._send({"type": "http.response.start", "status": 200, "headers": [*self.headers, *_SSE]})
+        headers = [*self.headers, *_SSE]
+        cycle = self._cycle
+        if cycle is None or not start_chunked(cycle, 200, headers):
+            await self._send({"type": "http.response.start", "status": 200, "headers": headers})
 
     async def stream(self, data: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        cycle = self._cycle
+        if cycle is None or not send_chunk(cycle, data, True):
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end_stream(self, last: bytes = b"") -> None:
         """The stream's end, with its ``last`` events: one write for both."""
         self._finished = True
-        await self._send({"type": "http.response.body", "body": last, "more_body": False})
+        cycle = self._cycle
+        if cycle is None or not send_chunk(cycle, last, False):
+            await self._send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def abort(self, exc: ApiError) -> None:
         """End the exchange with ``exc`` whatever point it reached: an error response before the

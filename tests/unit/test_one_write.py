@@ -1,8 +1,8 @@
 """One write per response (gateway/http/coalesce.py): the gateway's HTTP protocol, driven with a
 transport that records its writes, sends a whole answer's head and body in one ``write()`` (one system
 call), a stream's head with its first event, and never holds an interim ``100 Continue``; a whole
-response sent in one call on the request cycle (``send_whole``) is byte for byte what uvicorn's
-``send`` writes for it."""
+response sent in one call on the request cycle (``send_whole``), and a stream's head and events
+(``start_chunked``, ``send_chunk``), are byte for byte what uvicorn's ``send`` writes for them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from gateway.http import exchange
-from gateway.http.coalesce import HeadWithBody, cycle_of, send_whole
+from gateway.http.coalesce import HeadWithBody, cycle_of, send_chunk, send_whole, start_chunked
 from gateway.http.exchange import Exchange
 from gateway.http.protocol import GatewayHttpProtocol
 from tests.compiled import compiled
@@ -200,3 +200,94 @@ def test_a_header_send_refuses_is_left_to_send() -> None:
 
     writes, _, _ = _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
     assert writes[0].endswith(b"\r\n\r\n{}")
+
+
+def _stream_app(direct: bool, heard: list[Any], ends: tuple[bytes, ...]) -> Any:
+    """An app streaming through ``Exchange`` (head, two events, the end with ``ends[n - 1]`` for the
+    connection's n-th request); ``direct`` and ``heard`` as in ``_exchange_app``."""
+    served = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+
+        async def wrapped(message: Any) -> None:
+            await send(message)
+
+        waiting = asyncio.ensure_future(receive())
+        await asyncio.sleep(0)
+        ex = Exchange(receive, send if direct else wrapped, "r1")
+        ex.header("x-route", "a")
+        await ex.start_stream()
+        await ex.stream(b"data: 1\n\n")
+        await ex.stream(b"")
+        await ex.stream(b"data: 2\n\n")
+        served.append(None)
+        await ex.end_stream(ends[len(served) - 1])
+        heard.append(await asyncio.wait_for(waiting, 5))
+
+    return app
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        ["POST /a HTTP/1.1\r\nhost: localhost\r\n", "POST /b HTTP/1.1\r\nhost: localhost\r\n"],  # kept alive
+        ["POST /a HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"],
+        ["POST /a HTTP/1.0\r\nhost: localhost\r\n"],
+    ],
+)
+def test_a_stream_on_the_cycle_is_what_uvicorns_send_writes(heads: list[str]) -> None:
+    """``start_chunked`` and ``send_chunk`` write the same bytes as the cycle's ``send`` of the same
+    messages (an empty event, an end with events and one without), and leave the connection as it
+    would."""
+    ends = (b"data: [DONE]\n\n", b"")
+    calls: list[bool] = []
+
+    def counted(real: Any) -> Any:
+        def call(*args: Any) -> bool:
+            calls.append(real(*args))
+            return calls[-1]
+
+        return call
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exchange, "start_chunked", counted(start_chunked))
+        patch.setattr(exchange, "send_chunk", counted(send_chunk))
+        fast_heard: list[Any] = []
+        fast, fast_closed, fast_done = _answered(_stream_app(True, fast_heard, ends), heads, fast_heard)
+    assert calls == [True] * 5 * len(heads) or (compiled(exchange) and not calls)
+    slow_heard: list[Any] = []
+    slow, slow_closed, slow_done = _answered(_stream_app(False, slow_heard, ends), heads, slow_heard)
+    assert fast_heard == slow_heard == [{"type": "http.disconnect"}] * len(heads)
+    assert fast == slow, (fast, slow)
+    assert fast_closed == slow_closed == (len(heads) == 1)
+    assert fast_done == slow_done == len(heads)
+    assert fast[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked\r\n" in fast[0]
+    assert fast[-1].endswith(b"0\r\n\r\n")
+
+
+def test_a_paused_or_finished_stream_is_left_to_send() -> None:
+    """A paused transport (``send`` waits for its drain), a response not started or already complete:
+    nothing written, False."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        cycle = cycle_of(send)
+        assert cycle is not None
+        assert not send_chunk(cycle, b"data: 1\n\n", True), "not started"
+        cycle.flow.write_paused = True
+        assert not start_chunked(cycle, 200, []) and not cycle.response_started
+        cycle.flow.write_paused = False
+        assert start_chunked(cycle, 200, [])
+        cycle.flow.write_paused = True
+        assert not send_chunk(cycle, b"data: 1\n\n", True)
+        cycle.flow.write_paused = False
+        assert send_chunk(cycle, b"data: 1\n\n", False) and cycle.response_complete
+        assert not send_chunk(cycle, b"data: 2\n\n", False)
+
+    writes, _, _ = _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
+    assert len(writes) == 1 and writes[0].endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n0\r\n\r\n"), writes

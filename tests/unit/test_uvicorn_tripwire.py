@@ -46,7 +46,7 @@ PROTOCOL_ATTRIBUTES = ("cycle", "parser", "connections", "loop")
 PER_REQUEST_ATTRIBUTES = ("url", "headers", "scope")
 PER_CONNECTION_ATTRIBUTES = ("transport", "client")
 # Attributes of the request cycle the gateway reads or sets when it refuses a request mid-way, and when
-# it sends a whole response in one call (gateway/http/coalesce.py send_whole).
+# it sends a whole response in one call, or a stream's head and events (gateway/http/coalesce.py).
 CYCLE_ATTRIBUTES = (
     "response_started", "response_complete", "disconnected", "message_event", "keep_alive", "transport",
     "waiting_for_100_continue", "chunked_encoding", "expected_content_length", "flow", "access_log", "scope",
