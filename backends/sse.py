@@ -9,14 +9,27 @@ not one await per line.
 
 from __future__ import annotations
 
-from values import value
 
-
-@value
 class Event:
-    data: str
-    field: str = "data"
-    """``data`` normally; ``error`` when the engine used a non-standard ``error:`` field."""
+    """One event's data (its ``data:`` lines joined) and field. A plain class with its own equality
+    rather than a ``@value`` record: one is made per streamed event, and a dataclass's generated
+    ``__init__`` stays interpreted in the compiled module."""
+
+    __slots__ = ("data", "field")
+
+    def __init__(self, data: str, field: str = "data") -> None:
+        self.data = data
+        self.field = field
+        """``data`` normally; ``error`` when the engine used a non-standard ``error:`` field."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Event) and self.data == other.data and self.field == other.field
+
+    def __hash__(self) -> int:
+        return hash((self.data, self.field))
+
+    def __repr__(self) -> str:
+        return f"Event({self.data!r}, {self.field!r})"
 
 
 class EventParser:

@@ -358,20 +358,21 @@ class Metrics:
                 self._prompt_tokens(label, backend), self._completion_tokens(label, backend),
             )  # fmt: skip
         duration, ttft, tpot, prompt, completion = series
-        duration.observe(duration_s)
+        pending = self._pending
+        pending.observe(duration, duration_s)
         if ttft_s is not None:
-            ttft.observe(ttft_s)
+            pending.observe(ttft, ttft_s)
         if tpot_s is not None:
-            tpot.observe(tpot_s)
-        self._pending.add(prompt, prompt_tokens)
-        self._pending.add(completion, completion_tokens)
+            pending.observe(tpot, tpot_s)
+        pending.add(prompt, prompt_tokens)
+        pending.add(completion, completion_tokens)
 
     def cached(self, backend: str, tokens: int) -> None:
         """An engine reported reusing ``tokens`` prompt tokens from its prefix cache."""
         self._cached_tokens(backend).inc(tokens)
 
     def overhead(self, route: str, seconds: float) -> None:
-        self._overhead(route).observe(seconds)
+        self._pending.observe(self._overhead(route), seconds)
 
     def close(self) -> None:
         """This worker is stopping: its live gauges (requests in flight) stop counting."""
