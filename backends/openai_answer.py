@@ -101,6 +101,27 @@ class AnswerStream:
             else:
                 raise StopAsyncIteration
 
+    async def rest(self) -> list[Chunk]:
+        """Every chunk still to come, read to the answer's end: what ``[c async for c in stream]``
+        collects, without the ``StopAsyncIteration`` (a traceback entry each, raised through compiled
+        code) that ends it."""
+        out: list[Chunk] = []
+        while True:
+            pending, i = self._pending, self._i
+            if i < len(pending):
+                out += pending[i:] if i else pending
+                self._i = len(pending)
+            state = self._state
+            if state == _READING:
+                await self._read()
+            elif state == _START:
+                await self._open()
+            elif state == _ENDING:
+                self._state = _DONE
+                self._pending, self._i = self._answer.ends(), 0
+            else:
+                return out
+
     async def aclose(self) -> None:
         self._state = _DONE
         self._pending = []
@@ -213,7 +234,10 @@ class Answer:
         request, states, expected, name = self.request, self.states, self.expected, self.engine.name
         if not states:
             states[0] = _ChoiceState(self.stop_texts)
-        lost = [i for i in range(expected) if i not in states] + sorted(i for i in states if not 0 <= i < expected)
+        one = expected == 1 and len(states) == 1 and 0 in states  # the usual answer: nothing to sort
+        lost = [] if one else [i for i in range(expected) if i not in states]
+        if not one:
+            lost += sorted([i for i in states if not 0 <= i < expected])
         if lost:  # a choice never answered (or one never asked for): the answer is not the one asked
             what = "never answered" if lost[0] < expected else "never asked for"
             raise BackendError(ErrorKind.PROTOCOL, f"{name}: choice {lost[0]} of n={expected} {what}")
@@ -226,7 +250,7 @@ class Answer:
         if usage is None:  # the engine never says: count streamed pieces (one a token), estimate the prompt
             pieces = sum(s.pieces for s in states.values())
             usage = Usage(estimate_tokens(message_text(request)), pieces, prompt_estimated=True)
-        order = sorted(states)
+        order = [0] if one else sorted(states)
         ends = []
         for index in order:
             state = states[index]

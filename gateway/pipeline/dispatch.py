@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
+from backends.openai_answer import AnswerStream
 from values import value
 
 log = logging.getLogger("enginegate.dispatch")
@@ -260,7 +261,7 @@ async def _attempt(
         if answering is not None:
             answering.add(target.name)  # a hedge waits no longer for a first token here
         if whole or at_once:  # the commit point is the end: read it all (usage may follow the finish)
-            head += [chunk async for chunk in stream]
+            head += await _drained(stream)
         watch.close()
     except BaseException as caught:
         exc: BaseException = TimeoutError() if watch.close(caught) else caught
@@ -281,6 +282,14 @@ async def _attempt(
         tracker.end(target, backlog)
         raise error from exc
     return Committed(target, head, _NOTHING if whole or at_once else stream, at_once)
+
+
+async def _drained(stream: AsyncIterator[Chunk]) -> list[Chunk]:
+    """The rest of ``stream``: an OpenAI-compatible engine's answer gives it without raising the
+    ``StopAsyncIteration`` that ends an ``async for`` (a traceback entry each, in compiled code)."""
+    if isinstance(stream, AnswerStream):
+        return await stream.rest()
+    return [chunk async for chunk in stream]
 
 
 def _as_backend_error(exc: BaseException, name: str, phase: str, deadlines: Deadlines) -> BackendError | None:

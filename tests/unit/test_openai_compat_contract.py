@@ -14,10 +14,20 @@ import orjson
 import pytest
 
 from backends import capabilities as cap
-from backends.base import Chunk, GenerationRequest, TokenLogprob, ToolCallDelta, TopLogprob, Usage
+from backends.base import (
+    BackendError,
+    Chunk,
+    ErrorKind,
+    GenerationRequest,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
 from backends.capabilities import PLAIN, Capabilities
 from backends.http_base import HttpSettings
 from backends.llama_server import LlamaServerBackend
+from backends.openai_answer import AnswerStream
 from backends.openai_compat import OpenAICompatBackend, parse_chunk, to_payload
 from backends.vllm import VLLMBackend
 from tests.conftest import free_port
@@ -318,7 +328,8 @@ def replay(
     cls: type[OpenAICompatBackend], request: GenerationRequest, body: bytes
 ) -> tuple[list[Chunk], dict[str, Any]]:
     """``request`` through an adapter of ``cls`` against an engine that answers ``body``; the chunks
-    and the JSON the engine received."""
+    and the JSON the engine received. Read twice, chunk by chunk and with ``AnswerStream.rest`` (how
+    an attempt reads a whole answer): the same chunks, or the same error, both ways."""
     received: list[dict[str, Any]] = []
 
     async def scenario() -> list[Chunk]:
@@ -336,7 +347,22 @@ def replay(
         server = await asyncio.start_server(handle, "127.0.0.1", port)
         backend = cls("b", "m", HttpSettings(url=f"http://127.0.0.1:{port}", served_model="m"))
         try:
-            return [c async for c in backend.generate(request)]
+            failures: list[str] = []
+            try:
+                one_by_one = [c async for c in backend.generate(request)]
+            except BackendError as exc:
+                failures.append(repr(exc))
+            stream = backend.generate(request)
+            assert isinstance(stream, AnswerStream)
+            try:
+                drained = await stream.rest()
+            except BackendError as exc:
+                failures.append(repr(exc))
+            if failures:
+                assert len(failures) == 2 and failures[0] == failures[1], failures
+                raise BackendError(ErrorKind.PROTOCOL, failures[0])
+            assert drained == one_by_one
+            return one_by_one
         finally:
             await backend.aclose()
             server.close()
@@ -513,3 +539,16 @@ def test_include_stop_str_in_output_leaves_the_stop_to_vllm() -> None:
     chunks, sent = replay(VLLMBackend, request, body)
     assert sent["include_stop_str_in_output"] is True
     assert "".join(c.text for c in chunks) == "ab STOP"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\ndata: [DONE]\n\n', "without a finish"),
+        (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\ndata: {"error":{"message":"x"}}\n\n', "error"),
+        (b"data: {not json\n\n", "not JSON"),
+    ],
+)
+def test_a_failed_answer_fails_alike_read_whole_or_by_chunk(body: bytes, why: str) -> None:
+    with pytest.raises(BackendError, match=why):
+        replay(VLLMBackend, req(), body)
