@@ -205,7 +205,7 @@ def test_a_header_send_refuses_is_left_to_send() -> None:
 def _stream_app(direct: bool, heard: list[Any], ends: tuple[bytes, ...]) -> Any:
     """An app streaming through ``Exchange`` (head, two events, the end with ``ends[n - 1]`` for the
     connection's n-th request); ``direct`` and ``heard`` as in ``_exchange_app``."""
-    served = []
+    served: list[None] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
