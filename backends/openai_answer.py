@@ -104,23 +104,17 @@ class AnswerStream:
     async def rest(self) -> list[Chunk]:
         """Every chunk still to come, read to the answer's end: what ``[c async for c in stream]``
         collects, without the ``StopAsyncIteration`` (a traceback entry each, raised through compiled
-        code) that ends it."""
+        code) that ends it. Until the answer is over, ``__anext__`` always has a chunk to give (an
+        answer's end gives one per choice), so it is only asked while the answer is not."""
         out: list[Chunk] = []
         while True:
             pending, i = self._pending, self._i
             if i < len(pending):
                 out += pending[i:] if i else pending
                 self._i = len(pending)
-            state = self._state
-            if state == _READING:
-                await self._read()
-            elif state == _START:
-                await self._open()
-            elif state == _ENDING:
-                self._state = _DONE
-                self._pending, self._i = self._answer.ends(), 0
-            else:
+            if self._state == _DONE:
                 return out
+            out.append(await self.__anext__())
 
     async def aclose(self) -> None:
         self._state = _DONE

@@ -7,6 +7,7 @@ response sent in one call on the request cycle (``send_whole``), and a stream's 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -107,11 +108,16 @@ def test_an_interim_response_is_never_held_and_a_close_sends_what_is_held() -> N
     assert transport.writes[1:] == [b"HTTP/1.1 200 OK\r\n\r\n"] and transport.closed
 
 
-def _exchange_app(direct: bool, heard: list[Any]) -> Any:
-    """An app answering through ``Exchange.respond``; ``direct``: with the cycle's own ``send`` (the
-    one-call path), else through a wrapper, which leaves it to uvicorn's ``send``. A ``receive`` waiting
-    while it answers (as the gateway's disconnect watcher does) hears the end of the exchange: into
-    ``heard`` (an app's own failure is only logged by uvicorn)."""
+async def _respond(ex: Exchange) -> None:
+    await ex.respond(429, b'{"error":1}', [(b"retry-after", b"2"), (b"X-Limit", b"a b")])
+
+
+def _exchange_app(direct: bool, heard: list[Any], answer: Callable[[Exchange], Awaitable[None]] = _respond) -> Any:
+    """An app answering through an ``Exchange`` (``answer``; default a whole error response);
+    ``direct``: with the cycle's own ``send`` (the one-call path), else through a wrapper, which leaves
+    it to uvicorn's ``send``. A ``receive`` waiting while it answers (as the gateway's disconnect
+    watcher does) hears the end of the exchange: into ``heard`` (an app's own failure is only logged
+    by uvicorn)."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -123,8 +129,7 @@ def _exchange_app(direct: bool, heard: list[Any]) -> Any:
 
         waiting = asyncio.ensure_future(receive())
         await asyncio.sleep(0)
-        ex = Exchange(receive, send if direct else wrapped, "r1")
-        await ex.respond(429, b'{"error":1}', [(b"retry-after", b"2"), (b"X-Limit", b"a b")])
+        await answer(Exchange(receive, send if direct else wrapped, "r1"))
         heard.append(await asyncio.wait_for(waiting, 5))
 
     return app
@@ -207,17 +212,7 @@ def _stream_app(direct: bool, heard: list[Any], ends: tuple[bytes, ...]) -> Any:
     connection's n-th request); ``direct`` and ``heard`` as in ``_exchange_app``."""
     served: list[None] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        await receive()
-
-        async def wrapped(message: Any) -> None:
-            await send(message)
-
-        waiting = asyncio.ensure_future(receive())
-        await asyncio.sleep(0)
-        ex = Exchange(receive, send if direct else wrapped, "r1")
+    async def stream(ex: Exchange) -> None:
         ex.header("x-route", "a")
         await ex.start_stream()
         await ex.stream(b"data: 1\n\n")
@@ -225,9 +220,8 @@ def _stream_app(direct: bool, heard: list[Any], ends: tuple[bytes, ...]) -> Any:
         await ex.stream(b"data: 2\n\n")
         served.append(None)
         await ex.end_stream(ends[len(served) - 1])
-        heard.append(await asyncio.wait_for(waiting, 5))
 
-    return app
+    return _exchange_app(direct, heard, stream)
 
 
 @pytest.mark.parametrize(
