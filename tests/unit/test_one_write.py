@@ -159,35 +159,45 @@ def _answered(app: Any, request_heads: list[str], heard: list[Any] | None = None
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize(
-    "heads",
-    [
-        ["POST /a HTTP/1.1\r\nhost: localhost\r\n", "POST /b HTTP/1.1\r\nhost: localhost\r\n"],  # kept alive
-        ["POST /a HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"],
-        ["POST /a HTTP/1.0\r\nhost: localhost\r\n"],
-    ],
-)
+CONNECTIONS = [
+    ["POST /a HTTP/1.1\r\nhost: localhost\r\n", "POST /b HTTP/1.1\r\nhost: localhost\r\n"],  # kept alive
+    ["POST /a HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"],
+    ["POST /a HTTP/1.0\r\nhost: localhost\r\n"],
+]
+
+
+def _same_as_send(app: Callable[[bool, list[Any]], Any], heads: list[str], patches: dict[str, Any]) -> list[bytes]:
+    """The writes of ``app(direct=True, ...)`` (with ``patches`` on the exchange module), checked against
+    ``app(direct=False, ...)``, whose responses go through uvicorn's ``send``: the same bytes, the
+    connection left the same way (the next request answered, or closed), every exchange's end heard."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, stand_in in patches.items():
+            patch.setattr(exchange, name, stand_in)
+        fast_heard: list[Any] = []
+        fast, fast_closed, fast_done = _answered(app(True, fast_heard), heads, fast_heard)
+    slow_heard: list[Any] = []
+    slow, slow_closed, slow_done = _answered(app(False, slow_heard), heads, slow_heard)
+    assert fast_heard == slow_heard == [{"type": "http.disconnect"}] * len(heads)
+    assert fast == slow, (fast, slow)
+    assert fast_closed == slow_closed == (len(heads) == 1)
+    assert fast_done == slow_done == len(heads)
+    return fast
+
+
+@pytest.mark.parametrize("heads", CONNECTIONS)
 def test_a_whole_response_in_one_call_is_what_uvicorns_send_writes(heads: list[str]) -> None:
     """``send_whole`` writes the same bytes as the cycle's ``send`` of the same response, leaves the
     connection as it would (the next request answered, or the connection closed), in one write each."""
-    calls = []
+    calls: list[bool] = []
 
     def counted(*args: Any) -> bool:
         calls.append(send_whole(*args))
         return calls[-1]
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exchange, "send_whole", counted)
-        fast_heard: list[Any] = []
-        fast, fast_closed, fast_done = _answered(_exchange_app(True, fast_heard), heads, fast_heard)
+    fast = _same_as_send(lambda direct, heard: _exchange_app(direct, heard), heads, {"send_whole": counted})
     # Compiled, the exchange calls send_whole directly (no module attribute to patch): the bytes still count.
     assert calls == [True] * len(heads) or (compiled(exchange) and not calls)
-    slow_heard: list[Any] = []
-    slow, slow_closed, slow_done = _answered(_exchange_app(False, slow_heard), heads, slow_heard)
-    assert fast_heard == slow_heard == [{"type": "http.disconnect"}] * len(heads)
-    assert fast == slow and len(fast) == len(heads), (fast, slow)
-    assert fast_closed == slow_closed == (len(heads) == 1)
-    assert fast_done == slow_done == len(heads)
+    assert len(fast) == len(heads)
     assert fast[0].startswith(b"HTTP/1.1 429 Too Many Requests\r\n") and b"retry-after: 2\r\n" in fast[0]
 
 
@@ -224,14 +234,7 @@ def _stream_app(direct: bool, heard: list[Any], ends: tuple[bytes, ...]) -> Any:
     return _exchange_app(direct, heard, stream)
 
 
-@pytest.mark.parametrize(
-    "heads",
-    [
-        ["POST /a HTTP/1.1\r\nhost: localhost\r\n", "POST /b HTTP/1.1\r\nhost: localhost\r\n"],  # kept alive
-        ["POST /a HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"],
-        ["POST /a HTTP/1.0\r\nhost: localhost\r\n"],
-    ],
-)
+@pytest.mark.parametrize("heads", CONNECTIONS)
 def test_a_stream_on_the_cycle_is_what_uvicorns_send_writes(heads: list[str]) -> None:
     """``start_chunked`` and ``send_chunk`` write the same bytes as the cycle's ``send`` of the same
     messages (an empty event, an end with events and one without), and leave the connection as it
@@ -246,18 +249,9 @@ def test_a_stream_on_the_cycle_is_what_uvicorns_send_writes(heads: list[str]) ->
 
         return call
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exchange, "start_chunked", counted(start_chunked))
-        patch.setattr(exchange, "send_chunk", counted(send_chunk))
-        fast_heard: list[Any] = []
-        fast, fast_closed, fast_done = _answered(_stream_app(True, fast_heard, ends), heads, fast_heard)
+    patches = {"start_chunked": counted(start_chunked), "send_chunk": counted(send_chunk)}
+    fast = _same_as_send(lambda direct, heard: _stream_app(direct, heard, ends), heads, patches)
     assert calls == [True] * 5 * len(heads) or (compiled(exchange) and not calls)
-    slow_heard: list[Any] = []
-    slow, slow_closed, slow_done = _answered(_stream_app(False, slow_heard, ends), heads, slow_heard)
-    assert fast_heard == slow_heard == [{"type": "http.disconnect"}] * len(heads)
-    assert fast == slow, (fast, slow)
-    assert fast_closed == slow_closed == (len(heads) == 1)
-    assert fast_done == slow_done == len(heads)
     assert fast[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked\r\n" in fast[0]
     assert fast[-1].endswith(b"0\r\n\r\n")
 
