@@ -229,9 +229,11 @@ class Answer:
         if not states:
             states[0] = _ChoiceState(self.stop_texts)
         one = expected == 1 and len(states) == 1 and 0 in states  # the usual answer: nothing to sort
-        lost = [] if one else [i for i in range(expected) if i not in states]
-        if not one:
-            lost += sorted([i for i in states if not 0 <= i < expected])
+        lost = (
+            []
+            if one
+            else [i for i in range(expected) if i not in states] + sorted(i for i in states if not 0 <= i < expected)
+        )
         if lost:  # a choice never answered (or one never asked for): the answer is not the one asked
             what = "never answered" if lost[0] < expected else "never asked for"
             raise BackendError(ErrorKind.PROTOCOL, f"{name}: choice {lost[0]} of n={expected} {what}")

@@ -111,14 +111,8 @@ def send_whole(cycle: RequestResponseCycle, status: int, headers: list[tuple[byt
     if content is None:
         return False
     content.append(b"content-length: %d\r\n" % len(body))
-    if not cycle.keep_alive:
-        content.append(b"connection: close\r\n")
-    content.append(b"\r\n")
+    _started(cycle, content, chunked=False)
     content.append(body)
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    cycle.chunked_encoding = False
-    cycle.expected_content_length = 0
     transport = cycle.transport
     (transport.transport if isinstance(transport, HeadWithBody) else transport).write(b"".join(content))
     _complete(cycle)
@@ -132,13 +126,7 @@ def start_chunked(cycle: RequestResponseCycle, status: int, headers: list[tuple[
     content = _head(cycle, status, headers) if status not in (204, 304) else None
     if content is None:
         return False
-    if not cycle.keep_alive:
-        content.append(b"connection: close\r\n")
-    content.append(b"transfer-encoding: chunked\r\n\r\n")
-    cycle.response_started = True
-    cycle.waiting_for_100_continue = False
-    cycle.chunked_encoding = True
-    cycle.expected_content_length = 0
+    _started(cycle, content, chunked=True)
     cycle.transport.write(b"".join(content))
     return True
 
@@ -151,14 +139,25 @@ def send_chunk(cycle: RequestResponseCycle, body: bytes, more: bool) -> bool:
         return False
     if not cycle.response_started or cycle.scope["method"] == "HEAD":
         return False
-    if body:
-        data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if not more else b"%x\r\n%s\r\n" % (len(body), body)
-    else:
-        data = b"" if more else b"0\r\n\r\n"
-    cycle.transport.write(data)
+    data = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+    cycle.transport.write(data if more else data + b"0\r\n\r\n")
     if not more:
         _complete(cycle)
     return True
+
+
+def _started(cycle: RequestResponseCycle, content: list[bytes], chunked: bool) -> None:
+    """The head's last lines (after its length, if any), and the cycle's state as ``send`` leaves it
+    once it wrote a head."""
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    if chunked:
+        content.append(b"transfer-encoding: chunked\r\n")
+    content.append(b"\r\n")
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.chunked_encoding = chunked
+    cycle.expected_content_length = 0
 
 
 def _complete(cycle: RequestResponseCycle) -> None:
