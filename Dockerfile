@@ -1,7 +1,11 @@
 # enginegate gateway image: the gateway, its embedded CTranslate2 engine, the demo model and default config.
 # GPU engines run in their own official images (docker-compose.yml, deploy/k8s).
 # The build stage has gcc (the full image): the request path is compiled by mypyc (setup.py, the modules
-# pyproject.toml lists), which analyses it against the installed dependencies and their types.
+# pyproject.toml lists), which analyses it against the installed dependencies and their types, the
+# optional ones its modules import included. The image carries the extras its own configs and manifests
+# use (redis for replicas, traces, vLLM's KV events, the offline API docs); not `llama` (built from
+# source), `epp` (its protos clash with the exporter's: docs/epp.md), `sim` or `test`
+# (tests/deploy/test_deploy_files.py holds this).
 FROM python:3.11 AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
@@ -9,7 +13,7 @@ COPY gateway ./gateway
 COPY backends ./backends
 COPY routing ./routing
 COPY values ./values
-RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[tenancy,otel,kv-events,docs]" \
  && rm /wheels/enginegate-*.whl \
  && pip install --no-cache-dir /wheels/*.whl "mypy>=2.4,<3" "types-PyYAML>=6" "setuptools>=70.1" \
  && ENGINEGATE_COMPILE=1 pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels .

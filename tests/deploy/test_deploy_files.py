@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +34,23 @@ def test_dockerfile_is_clean_under_hadolint() -> None:
 def test_image_runs_as_non_root_with_a_readiness_healthcheck() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "USER 10001" in text and "/readyz" in text and text.count("FROM ") == 2
+
+
+IMAGE_LEAVES_OUT = {"llama", "epp", "sim", "test"}
+"""Extras the image does without: llama-cpp-python builds from source, the picker's protos clash with the
+OTLP exporter's (docs/epp.md), plotting and the test tools serve nobody in production."""
+
+
+def test_image_carries_every_other_extra() -> None:
+    """The image's build stage installs every extra but those it leaves out by name: its own configs and
+    manifests use them (redis for replicas, traces, KV events), and mypyc's analysis of the compiled
+    request path needs the modules they bring (without them the image's compile step failed: mypy
+    found no ``redis``, ``opentelemetry``, ``zmq``, ``msgspec``)."""
+    text = (ROOT / "Dockerfile").read_text()
+    wheels = re.findall(r'pip wheel [^\n]*"\.\[([a-z0-9,-]+)\]"', text)
+    assert len(wheels) == 1, "the build stage makes the wheels of the project with its extras, once"
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    assert set(wheels[0].split(",")) == extras - IMAGE_LEAVES_OUT
 
 
 PROFILES = {
