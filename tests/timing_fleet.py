@@ -372,6 +372,12 @@ class Run:
         return [placed[i] for i in range(len(self.counters))]
 
     @property
+    def sessions_per_engine(self) -> list[int]:
+        """Sessions whose first turn each engine answered."""
+        began = Counter(a.engine for a in self.answers if a.turn == 0)
+        return [began[i] for i in range(len(self.counters))]
+
+    @property
     def moves(self) -> int:
         """Turns sent to another engine than the session's previous turn."""
         by = {(a.session, a.turn): a.engine for a in self.answers}

@@ -78,6 +78,7 @@ def test_a_run_counts_moves_placement_and_budgets() -> None:
     counters = [{"prompt_tokens_cached_total": 10.0, "prompt_tokens_total": 30.0}] * 3
     run = Run("x", 2, answers, counters, budget_ms=5000)
     assert run.moves == 2 and run.requests == [2, 2, 2] and run.reused == 30
+    assert run.sessions_per_engine == [1, 1, 0]
     assert run.met == 5 / 6 and run.ttft(0.5) == 1.0 and run.ttft(0.99) == 9.0
     assert run.row()["requests_max_over_mean"] == 1.0
 
