@@ -127,6 +127,7 @@ class Tenancy:
         self._usage: dict[tuple[str, str, str], list[float]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self.fair = FairShare()
         # Names of requests in the shared counters: unique across replicas and restarts (a client's
         # x-request-id is not: two requests named alike would count once).
@@ -142,10 +143,9 @@ class Tenancy:
         self._flusher = asyncio.get_running_loop().create_task(self._flush_every(self.auth.usage_flush_s))
 
     async def aclose(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+        self._closing.set()
+        if self._flusher is not None:  # its flush under way finishes: cancelled, its rows would be lost
+            await self._flusher
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.flush()
@@ -348,8 +348,13 @@ class Tenancy:
                     row[i] += v
 
     async def _flush_every(self, seconds: float) -> None:
-        while True:
-            await asyncio.sleep(seconds)
+        """A flush every ``seconds`` until ``aclose``, which waits for the last one instead of cancelling
+        it: a write cancelled half way loses its rows (or, the database's thread having committed them,
+        counts them again if they were put back)."""
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._closing.wait()
             await self.flush()
 
 

@@ -7,10 +7,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.tenancy.gate import Tenancy
 from gateway.tenancy.keys import KeyRecord, digest, key_id_of
 from gateway.tenancy.manage import BadKeySpec, create, revoke, summarize, update, validate
-from gateway.tenancy.settings import DEFAULT_CLASSES
+from gateway.tenancy.settings import DEFAULT_CLASSES, AuthConfig, RedisConfig
 from gateway.tenancy.store import DuplicateKey, KeyStore, UsageRow, open_store
 from tests.tenancy.services import Postgres
 
@@ -88,6 +90,43 @@ def test_usage_rows_add_up_by_key_day_and_model(dsn: str, tmp_path: Path) -> Non
         assert [r.day for r in await store.usage(k, "2026-12-02")] == ["2026-12-02"]
 
     run(dsn, tmp_path, body)
+
+
+def test_usage_being_written_when_the_gateway_stops_is_written_once(dsn: str, tmp_path: Path) -> None:
+    """The periodic flush is writing when the gateway stops: the stop waits for that write instead of
+    cancelling it (its rows were lost: a two-replica test counted fewer requests than it paid for)."""
+
+    async def go() -> list[UsageRow]:
+        auth = AuthConfig(required=True, database=dsn, usage_flush_s=0.01)
+        tenancy = Tenancy(auth, RedisConfig(), tmp_path, {}, 60.0, CollectorRegistry())
+        await tenancy.start()
+        store = tenancy.store
+        assert store is not None
+        record, _ = await create(store, validate({}))
+        writing, release = asyncio.Event(), asyncio.Event()
+        write = store.add_usage
+
+        async def held(rows: list[UsageRow]) -> None:
+            writing.set()
+            await release.wait()
+            await write(rows)
+
+        store.add_usage = held  # type: ignore[method-assign]
+        tenancy._usage[(record.id, "2026-12-01", "m")] = [3, 30, 15, 0, 0.5]  # three requests ended
+        await writing.wait()  # the periodic flush took them and is writing them
+        closing = asyncio.get_running_loop().create_task(tenancy.aclose())
+        for _ in range(3):  # the stop under way while the write is held
+            await asyncio.sleep(0)
+        release.set()
+        await closing
+        again = await open_store(dsn, tmp_path)
+        try:
+            return await again.usage(record.id)
+        finally:
+            await again.close()
+
+    rows = asyncio.run(go())
+    assert [(r.requests, r.prompt_tokens, r.cost_usd) for r in rows] == [(3, 30, 0.5)]
 
 
 def test_the_keys_cli_lists_and_shows_keys_without_their_secrets(
