@@ -60,14 +60,13 @@ class Entry:
     """The context the engine last published (``profile.context`` may be lower: learned from a refusal)."""
 
     def __post_init__(self) -> None:
-        self.breaker.name = self.config.name
+        self.name = self.config.name
+        """The backend's name (read about a dozen times per request: a compiled attribute, not a look-up
+        in the config's pydantic model each time)."""
+        self.breaker.name = self.name
         # The optional protocol checked once here: isinstance on a runtime protocol costs about 8 µs.
         self.whole: WholeAnswers | None = self.backend if isinstance(self.backend, WholeAnswers) else None
         """The backend, when it may answer a request whole at once (``WholeAnswers``)."""
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     def context(self, model_context: int) -> int:
         """The most prompt plus answer tokens one request may have here: the model entry's context, or
