@@ -21,6 +21,7 @@ timed out but landed is not counted twice), along with this process's requests s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -256,8 +257,22 @@ class RedisLimiter:
         await self._push(keys=_keys(ask), args=args)
 
     async def close(self) -> None:
+        """Stop. What this process counted alone or settled while Redis was away, and Redis has not got
+        yet, is written back once more if Redis answers now (the write-back is idempotent): a replica
+        stopped during or just after an outage, as a rolling restart does, would take it away."""
+        from redis.exceptions import RedisError
+
         if self._recovery is not None:
             self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
+            self._recovery = None
+            if self._pending:
+                try:
+                    await self.write_back()
+                except (RedisError, OSError, TimeoutError):
+                    log.warning("redis unreachable at shutdown: %d requests counted here are not in it",
+                                len(self._pending))  # fmt: skip
         await self._redis.aclose()
 
 

@@ -223,6 +223,34 @@ def test_what_a_replica_counted_while_redis_was_away_is_written_back_once(durabl
     asyncio.run(body())
 
 
+def test_what_a_replica_counted_alone_reaches_redis_when_it_stops_first(durable_redis: RedisServer) -> None:
+    """A replica stopped after Redis came back but before its next write-back try (a rolling restart
+    after an outage): stopping writes back what it counted alone, so the other replicas see it."""
+
+    async def body() -> None:
+        now = time.time()
+        a = RedisLimiter(durable_redis.url, fail_open=True, timeout_s=0.5, retry_s=60.0)
+        k = key()
+        durable_redis.stop()
+        try:
+            alone = [ask(k, rpm=5) for _ in range(3)]
+            assert all([(await a.admit(x, now)).admitted for x in alone])
+            await a.settle(alone[0], 4, 0)
+            assert a.down
+        finally:
+            durable_redis.start()
+            await a.close()
+        assert durable_redis.call("ZCARD", f"eg:{{{k}}}:req") == "3"
+        assert durable_redis.call("GET", f"eg:{{{k}}}:tsum") == str(4 + 10 + 10)
+        b = RedisLimiter(durable_redis.url, fail_open=True, timeout_s=0.5, retry_s=60.0)
+        try:
+            assert [(await b.admit(ask(k, rpm=5), now)).admitted for _ in range(3)] == [True, True, False]
+        finally:
+            await b.close()
+
+    asyncio.run(body())
+
+
 def test_a_redis_that_restarted_empty_gets_the_windows_back(fresh_redis: RedisServer) -> None:
     async def body() -> None:
         now = time.time()
