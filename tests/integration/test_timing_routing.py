@@ -53,14 +53,12 @@ def test_the_gateway_keeps_load_within_a_quarter_of_even(runs: dict[str, Run]) -
 def test_the_gateway_lets_engines_reuse_twice_the_prompt_tokens_round_robin_does(runs: dict[str, Run]) -> None:
     ours, theirs = runs["enginegate"], runs["round_robin"]
     assert theirs.reused > 0
-    if ours.reused >= 2 * theirs.reused:
-        return
     # Round robin's engines keep a session's history only by chance, and once kept more than half of
     # the most this workload can reuse (4,826 tokens against the gateway's 9,550): 2x is then out of
     # anyone's reach. The gateway must then have reached that most: no session moved, no engine given
     # more sessions than it has slots, and at least round robin's reuse.
-    assert ours.moves == 0 and max(ours.sessions_per_engine) <= SLOTS, (ours.row(), theirs.row())
-    assert ours.reused >= theirs.reused, (ours.row(), theirs.row())
+    reached_most = ours.moves == 0 and max(ours.sessions_per_engine) <= SLOTS and ours.reused >= theirs.reused
+    assert ours.reused >= 2 * theirs.reused or reached_most, (ours.row(), theirs.row())
 
 
 def test_six_clients_reuse_as_much_as_three(runs: dict[str, Run]) -> None:

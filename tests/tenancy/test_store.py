@@ -114,11 +114,8 @@ def test_usage_being_written_when_the_gateway_stops_is_written_once(dsn: str, tm
         store.add_usage = held  # type: ignore[method-assign]
         tenancy._usage[(record.id, "2026-12-01", "m")] = [3, 30, 15, 0, 0.5]  # three requests ended
         await writing.wait()  # the periodic flush took them and is writing them
-        closing = asyncio.get_running_loop().create_task(tenancy.aclose())
-        for _ in range(3):  # the stop under way while the write is held
-            await asyncio.sleep(0)
-        release.set()
-        await closing
+        asyncio.get_running_loop().call_soon(release.set)  # the write ends once the stop is under way
+        await tenancy.aclose()
         again = await open_store(dsn, tmp_path)
         try:
             return await again.usage(record.id)
