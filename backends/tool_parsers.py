@@ -166,20 +166,15 @@ class HermesParser(_Base):
             if self._calls_only:
                 data = self._between_calls(data)
                 continue
-            tag = self.END if self._inside else self.START
-            at = data.find(tag)
+            if not self._inside:
+                data = self._outside(data, out)
+                continue
+            at = data.find(self.END)
             piece = data if at < 0 else data[:at]
             if at < 0:
-                keep = _held_prefix(data, tag)
+                keep = _held_prefix(data, self.END)
                 self._held = data[len(data) - keep :]
                 piece = data[: len(data) - keep]
-            if not self._inside:
-                out.append(self._content(piece))
-                if at < 0:
-                    break
-                self._inside = True  # held whitespace before it goes if a call follows, else it is content
-                data = data[at + len(tag) :]
-                continue
             end = self._object.feed(piece)
             if end >= 0 and self._complete("".join(self._body) + piece[:end], calls):
                 data = piece[end:] + self._held + (data[at:] if at >= 0 else "")
@@ -189,8 +184,24 @@ class HermesParser(_Base):
             if at < 0:
                 break
             self._close(out, calls)
-            data = data[at + len(tag) :]
+            data = data[at + len(self.END) :]
         return "".join(out), calls
+
+    def _outside(self, data: str, out: list[str]) -> str:
+        """Content up to the next tag, sent; what follows the tag returned. A start tag opens a call;
+        an end tag with no call open is dropped (a sampled model may write one among its text, and
+        tag text is never content); a tag's first characters at the end are held."""
+        start, end = data.find(self.START), data.find(self.END)
+        if start < 0 and end < 0:
+            keep = max(_held_prefix(data, self.START), _held_prefix(data, self.END))
+            self._held = data[len(data) - keep :]
+            out.append(self._content(data[: len(data) - keep]))
+            return ""
+        opens = start >= 0 and (end < 0 or start < end)
+        at, tag = (start, self.START) if opens else (end, self.END)
+        out.append(self._content(data[:at]))
+        self._inside = opens  # held whitespace before a start tag goes if a call follows, else it is content
+        return data[at + len(tag) :]
 
     def _complete(self, body: str, calls: list[ToolCallDelta]) -> bool:
         """The call whose object ``body`` ends with, emitted; False when the object is not a call."""

@@ -259,6 +259,19 @@ def test_hermes_malformed_body_never_sends_tags() -> None:
         assert calls == [] and "tool_call" not in "".join(content)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_hermes_end_tag_with_no_call_open_is_dropped(seed: int) -> None:
+    """A sampled answer may be text with a stray end tag (CI once saw `` Rome?"}}\n  </tool_call>``
+    from the demo model): the tag is not content, the text around it is, and the answer goes on."""
+    text = ' Rome?"}}\n  </tool_call> and </tool_call></tool_call>more </tool_ca'
+    parser = parser_for("hermes")
+    content, calls = run(parser, splits(text, seed))
+    assert calls == [] and not parser.called and not parser.over
+    assert "".join(content) == ' Rome?"}}\n   and more </tool_ca'
+    content, calls = run(parser_for("hermes"), splits("Hi</tool_call>\n" + PARIS, seed))
+    assert "".join(content) == "Hi" and [(n, a) for _, n, a in assembled(calls)] == [("get_weather", {"city": "Paris"})]
+
+
 def test_answer_end_stops_at_the_first_text_after_a_call() -> None:
     from backends.tool_calls import answer_end
 
