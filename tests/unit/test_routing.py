@@ -8,7 +8,7 @@ choices follow from prefill FLOP/s, decode bandwidth, memory, load and cost.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -265,6 +265,14 @@ def test_observations_are_compared_with_the_uncorrected_prior() -> None:
     corrected = predict(LLAMA_8B, replace(state, observed=learned), 1000, 200)
     assert corrected.prior_ttft_ms == pytest.approx(first.prior_ttft_ms)
     assert corrected.ttft_ms == pytest.approx(2 * first.prior_ttft_ms)
+
+
+def test_observe_writes_every_field_of_what_it_learned() -> None:
+    """observe() builds its result field by field (not dataclasses.replace, an interpreted call per
+    request): a field added to Observed must be written there too, or it would be reset each time."""
+    assert [f.name for f in fields(Observed)] == ["ttft_ratio", "tpot_ms", "samples", "out_tokens"]
+    learned = observe(Observed(2.0, 10.0, 5, 40.0), 100.0, 100.0, 20.0, 80)
+    assert learned == Observed(1.8, 12.0, 6, 48.0)
 
 
 def test_engine_load_is_moved_by_the_gateways_own_requests_since_the_poll() -> None:
