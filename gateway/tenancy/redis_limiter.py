@@ -135,8 +135,6 @@ class RedisLimiter:
         return verdict
 
     async def admit(self, ask: Ask, now: float) -> Verdict:
-        from redis.exceptions import RedisError
-
         if self._writing is not None:  # Redis is back and being told what it missed: a moment, not a fallback
             await self._writing.wait()
         if self.down:  # until everything counted alone is written back, Redis's counts are not the whole story
@@ -148,7 +146,7 @@ class RedisLimiter:
         ]  # fmt: skip
         try:
             r = await self._admit(keys=_keys(ask), args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _unreachable() as exc:
             _still_cancelled()
             self._failed(exc, "admit")
             return self._fallback(ask, now)
@@ -169,8 +167,6 @@ class RedisLimiter:
         return verdict
 
     async def settle(self, ask: Ask, tokens: int, cost_nanos: int, local: bool = False) -> None:
-        from redis.exceptions import RedisError
-
         self.local.settle_now(ask, tokens, cost_nanos)
         pending = self._pending.get(ask.member)
         if pending is not None:  # written back with its real use
@@ -181,15 +177,13 @@ class RedisLimiter:
             return
         try:
             await self._settle(keys=_keys(ask), args=[ask.member, tokens, cost_nanos])
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _unreachable() as exc:
             _still_cancelled()
             # Kept and written back with the rest; meanwhile the reservation stands (never less than the real use).
             self._pending[ask.member] = _Pending(ask, alone=False, settled=(tokens, cost_nanos))
             self._failed(exc, "settle")
 
     async def _recover(self) -> None:
-        from redis.exceptions import RedisError
-
         while True:
             await asyncio.sleep(self.retry_s)
             writing = self._writing = asyncio.Event()
@@ -201,7 +195,7 @@ class RedisLimiter:
                     if not self._pending:
                         break
                     await self.write_back(window=False)
-            except (RedisError, OSError, TimeoutError):
+            except _unreachable():
                 self._on_fallback("write_back")
             else:
                 if not self._pending:  # nothing new came in during the last awaits: Redis decides again
@@ -260,8 +254,6 @@ class RedisLimiter:
         """Stop. What this process counted alone or settled while Redis was away, and Redis has not got
         yet, is written back once more if Redis answers now (the write-back is idempotent): a replica
         stopped during or just after an outage, as a rolling restart does, would take it away."""
-        from redis.exceptions import RedisError
-
         if self._recovery is not None:
             self._recovery.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -270,10 +262,18 @@ class RedisLimiter:
             if self._pending:
                 try:
                     await self.write_back()
-                except (RedisError, OSError, TimeoutError):
+                except _unreachable():
                     log.warning("redis unreachable at shutdown: %d requests counted here are not in it",
                                 len(self._pending))  # fmt: skip
         await self._redis.aclose()
+
+
+def _unreachable() -> tuple[type[Exception], ...]:
+    """What a Redis call raises when Redis cannot be reached or answer. Evaluated by an ``except`` only
+    when something was raised, so redis (an optional extra) is imported then, not on every call."""
+    from redis.exceptions import RedisError
+
+    return (RedisError, OSError, TimeoutError)
 
 
 def _still_cancelled() -> None:
