@@ -24,6 +24,7 @@ from backends.httpclient.errors import (
     RequestNotSentError,
     ResponseTimeout,
 )
+from backends.httpclient.outbox import Outbox
 
 # Servers close idle connections on timers of a second or more: a connection idle for less needs no
 # look at its socket (a system call) before it is reused.
@@ -41,6 +42,9 @@ class Pool(Protocol):
     read_limit: int
     response_timeout_s: float
     read_timeout_s: float
+
+    def in_flight(self) -> int:
+        """Its connections taken by requests (one alone is written at once, not held)."""
 
     def lost(self, conn: Connection) -> None:
         """The connection closed (or broke): it leaves the pool and gives up its slot."""
@@ -90,10 +94,12 @@ _CLOSE = CLOSE_HEADER
 class Connection(asyncio.Protocol):
     """One TCP (or TLS) connection and the state of the response being received on it."""
 
-    def __init__(self, client: Pool, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Pool, loop: asyncio.AbstractEventLoop, outbox: Outbox) -> None:
         self.client = client
         self.loop = loop
         """Its event loop, kept: ``asyncio.get_running_loop()`` costs a system call per call."""
+        self.outbox = outbox
+        """Where its requests wait for the end of the loop's turn (shared by the loop's connections)."""
         self.transport: asyncio.Transport | None = None
         self.fd = -1
         self.parser = httptools.HttpResponseParser(self)
@@ -157,8 +163,9 @@ class Connection(asyncio.Protocol):
         )
 
     def send(self, data: bytes) -> None:
-        """Start an exchange: forget the previous response, write the request. A request that did not
-        get to the socket leaves ``RequestNotSentError`` in ``error``."""
+        """Start an exchange: forget the previous response, write the request when the loop's turn ends
+        (``outbox``). A request that did not get to the socket leaves ``RequestNotSentError`` in
+        ``error``: at once when the connection is known closed, else once the write was tried."""
         self._reset()
         transport = self.transport
         if self.paused:
@@ -168,11 +175,17 @@ class Connection(asyncio.Protocol):
         if self.closed or transport is None or transport.is_closing():
             self.error = RequestNotSentError("the connection was closed before the request was written")
             return
-        transport.write(data)
-        # The transport writes at once what the socket takes and closes itself if that fails (a reset,
-        # a broken pipe): then not one byte of this request reached the server.
-        if transport.is_closing():
-            self.error = RequestNotSentError("the connection broke while the request was written")
+        self.outbox.write(transport, data, self, self.client.in_flight() < 2)
+
+    def unsent(self) -> None:
+        """The held request was not written: the connection closed before (a server closing an idle
+        connection as it was taken) or broke in the write (the transport writes at once what the socket
+        takes, and closes itself if that fails: then not one byte reached the server)."""
+        if self.received or self.done:
+            return
+        if self.error is None or isinstance(self.error, NoResponseError):  # connection_lost's guess
+            self.error = RequestNotSentError("the connection broke before the request was written")
+        self._wake()
 
     def abort(self) -> None:
         """Close the connection now, whatever it was doing."""

@@ -12,7 +12,9 @@ from backends.httpclient.connection import _CLOSE, Connection
 from backends.httpclient.errors import (
     ConnectError,
     ConnectTimeout,
+    RequestNotSentError,
 )
+from backends.httpclient.outbox import Outbox
 from backends.httpclient.response import Response
 
 DEFAULT_READ_LIMIT = 8 * 1024 * 1024
@@ -87,6 +89,8 @@ class HttpClient:
         self._slots = 0
         """Connections open or being opened, counted against ``max_connections``."""
         self._sweeper: asyncio.TimerHandle | None = None
+        self._outbox: Outbox | None = None
+        """Its connections' requests, written when the loop's turn ends (made with the first connection)."""
         self.closed = False
         self.retries = 0
         """Requests sent once more on a new connection because they could not have reached the server."""
@@ -115,17 +119,21 @@ class HttpClient:
         try:
             conn.send(data)
             conn.closing = closing  # after send(), which starts the exchange afresh
-            if conn.error is not None and reused:
+            try:
+                await self._response_head(conn)
+            except RequestNotSentError as exc:
+                if not reused:
+                    raise
                 # Nothing of this request reached the server: once more, on a new connection.
                 self.retries += 1
                 log.warning(
-                    "%s %s to %s:%d sent again on a new connection: %s", method, path, self.host, self.port, conn.error
+                    "%s %s to %s:%d sent again on a new connection: %s", method, path, self.host, self.port, exc
                 )
                 conn.abort()
                 conn = await self._pass_slot(conn)
                 conn.send(data)
                 conn.closing = closing
-            await self._response_head(conn)
+                await self._response_head(conn)
         except BaseException:
             conn.abort()
             self.release(conn)
@@ -165,6 +173,9 @@ class HttpClient:
         await asyncio.sleep(0)  # the transports finish closing their sockets
 
     # The pool
+
+    def in_flight(self) -> int:
+        return len(self.connections) - len(self._idle)
 
     async def _acquire(self) -> tuple[Connection, bool]:
         """A connection for one request, and whether it was used before."""
@@ -225,7 +236,10 @@ class HttpClient:
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
-        conn = Connection(self, loop)
+        outbox = self._outbox
+        if outbox is None or outbox.loop is not loop:
+            outbox = self._outbox = Outbox(loop)
+        conn = Connection(self, loop, outbox)
         conn.busy = True
         origin = f"{self.host}:{self.port}"
         try:

@@ -17,13 +17,14 @@ import logging
 import random
 import termios
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httptools
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from backends.httpclient.outbox import Held, Outbox
 from gateway.config import GatewayConfig, ServerConfig
 from gateway.http.bodies import json_post, yaml_post
 from gateway.http.coalesce import HeadWithBody
@@ -116,6 +117,8 @@ class Guard:
         self.idle: dict[GatewayHttpProtocol, None] = {}
         """Connections waiting for a request, the longest waiting first (a dict keeps insertion order)."""
         self.loop: asyncio.AbstractEventLoop = loop
+        self.outbox = Outbox(loop)
+        """Every connection's writes, sent when the loop's turn ends (``backends.httpclient.outbox``)."""
         self._verdicts: dict[bytes, bool] = {}
         shortest = min(limits.header_timeout_s, limits.body_timeout_s, limits.keep_alive_timeout_s)
         self.tick_s = max(0.05, min(1.0, shortest / 4, limits.write_timeout_s / 4))
@@ -195,7 +198,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Beyond ``max_connections``: only the health routes are answered."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # uvicorn's protocol and cycle, and the gateway's, all write through the held transport.
+        super().connection_made(cast("asyncio.Transport", Held(transport, self.guard.outbox, self.tasks)))
         limits = self.limits
         transport.set_write_buffer_limits(high=limits.max_output_buffer_bytes)
         open_now = len(self.connections)

@@ -14,6 +14,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -391,6 +392,64 @@ def test_write_failing_on_a_stale_connection_is_retried_once_on_a_new_one(caplog
             assert client.retries == 1
             assert any("sent again on a new connection" in r.getMessage() for r in caplog.records)
             await client.aclose()
+
+    run(body)
+
+
+def test_held_requests_on_stale_connections_are_retried_on_new_ones() -> None:
+    """Two requests at once (so the second is held for the end of the loop's turn, ``outbox``) on two
+    pooled connections the server has reset unseen: each write fails when it is made, nothing reached
+    the server, and each request goes once more on a new connection, answered once. The server is a
+    thread, so that the resets happen while the client's loop is blocked and cannot see them."""
+    reset = threading.Event()
+    bodies: list[bytes] = []
+
+    def serve(listener: socket.socket) -> None:
+        warm = []
+        for n in range(4):
+            sock, _ = listener.accept()
+            data = b""
+            while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < 1:
+                data += sock.recv(65536)
+            body = data.partition(b"\r\n\r\n")[2]
+            if n < 2:
+                sock.sendall(ok(b"warm"))
+                warm.append(sock)
+                if n == 1:
+                    reset.wait(10)
+                    for old in warm:  # a reset (linger 0), not an orderly end of file
+                        old.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        old.close()
+            else:
+                bodies.append(body)
+                sock.sendall(ok(b"again " + body, "connection: close"))
+                sock.close()
+
+    async def one(client: HttpClient, body: bytes) -> bytes:
+        response = await client.request("POST", "/", body)
+        data = await response.read()
+        response.release()
+        return data
+
+    async def body() -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        thread = threading.Thread(target=serve, args=(listener,), daemon=True)
+        thread.start()
+        client = HttpClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
+        assert list(await asyncio.gather(one(client, b"1"), one(client, b"2"))) == [b"warm", b"warm"]
+        assert client.stats()["idle"] == 2
+        reset.set()
+        poller = select.poll()  # the loop blocked until both resets are in the sockets
+        for conn in client.connections:
+            poller.register(conn.fd, select.POLLIN)
+        deadline = time.monotonic() + 5
+        while len(poller.poll(100)) < 2 and time.monotonic() < deadline:
+            pass
+        assert list(await asyncio.gather(one(client, b"a"), one(client, b"b"))) == [b"again a", b"again b"]
+        assert sorted(bodies) == [b"a", b"b"] and client.retries == 2
+        await client.aclose()
+        thread.join(5)
+        listener.close()
 
     run(body)
 
