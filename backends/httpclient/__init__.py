@@ -31,9 +31,13 @@ Content-Length, chunked, or ended by the server closing the connection.
 - Releasing: a response received to the end gives its connection back to the
   pool; a response left early (cancellation, errors) closes its connection,
   which is how engines learn that a request was abandoned.
+- Writing: with other requests in flight, a request waits for the end of the
+  event loop's turn and goes out with the turn's others (``outbox``: one
+  wake-up of the engine for all of them); one alone is written at once.
 
 Laid out as httpcore is: ``errors`` (the exception tree), ``connection`` (one connection, its parser
-and the small ``Pool`` interface it needs), ``response`` (what callers read), ``pool`` (``HttpClient``).
+and the small ``Pool`` interface it needs), ``response`` (what callers read), ``pool`` (``HttpClient``),
+``outbox`` (writes held to the loop's turn; the gateway's server writes through it too).
 """
 
 from __future__ import annotations
