@@ -7,8 +7,8 @@ a sixth of the gateway's CPU per whole answer went there at 64 clients, in the k
 peer asleep again at every write: a fast upstream (or client) answers one request and goes back to
 its poll before the next arrives. Held to the turn's end, the writes of every request served in that
 turn go out together: the first wakes the peer, the rest find it awake. Nothing waits longer than the
-loop's turn (one more pass of the loop, without blocking), and one request alone is sent as soon as
-its turn ends.
+loop's turn (one more pass of the loop, without blocking), and a request alone in flight is written at
+once (held, it would pay that pass for nothing).
 
 ``Outbox`` holds the writes of one event loop; ``Held`` is a transport whose writes go through it, in
 order with everything else done to the transport (closing, ending the output, handing it to another
