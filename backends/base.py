@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from values import value
@@ -165,6 +165,30 @@ class Chunk:
     stop_sequence: str | None = None
     """On a choice's last chunk: the request's stop string that ended the answer, where the gateway or
     the engine matched one (``finish_reason`` is then "stop")."""
+    pieces: tuple[str, ...] = ()
+    """Text that arrived as several deltas in one read (consecutive events of one choice with text
+    alone): the deltas, which ``text`` joins. A stream's writer sends one event per piece, as the
+    engine did; the chunk costs the layers between one pass instead of one per delta. Empty: ``text``
+    is one delta. Whoever changes ``text`` drops them (``one_by_one`` and ``pieces_of``)."""
+
+
+def pieces_of(chunk: Chunk) -> tuple[str, ...]:
+    """The chunk's deltas when they still make its text (a wrapper that rewrote ``text`` and kept the
+    field would leave stale ones: then the text is one delta)."""
+    pieces = chunk.pieces
+    return pieces if pieces and "".join(pieces) == chunk.text else ()
+
+
+def one_by_one(chunk: Chunk) -> list[Chunk]:
+    """A chunk of several deltas (``pieces``) as one chunk per delta, for a consumer that reads text
+    delta by delta (a tool-call parser, a front door's event blocks); any other chunk as it is."""
+    pieces = pieces_of(chunk)
+    if not pieces:
+        return [chunk] if not chunk.pieces else [replace(chunk, pieces=())]
+    last = len(pieces) - 1
+    return [Chunk(p, None, None, True, chunk.index) for p in pieces[:last]] + [
+        replace(chunk, text=pieces[last], pieces=())
+    ]
 
 
 class ErrorKind(enum.Enum):

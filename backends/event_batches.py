@@ -69,7 +69,7 @@ class EventBatches:
         waiting): ``[DONE]`` came and the body was received whole, or the body ended."""
         return self._error is None and (self._ended or (self._done and self._response.complete))
 
-    async def __anext__(self) -> list[dict[str, Any]]:
+    async def __anext__(self) -> list[Any]:
         error = self._error
         if error is not None:
             self._error = None
@@ -79,7 +79,7 @@ class EventBatches:
             if not piece:
                 self._ended = True
                 done = self._done
-                tail = [self._doc(e) for e in self._parser.close() if not done and e.data != "[DONE]"]
+                tail = [self._item(e) for e in self._parser.close() if not done and e.data != "[DONE]"]
                 if tail:
                     return tail
                 break
@@ -102,14 +102,14 @@ class EventBatches:
         self._clock.waited_s += max(0.0, response.arrived_at - started)  # 0 when it was already there
         return piece
 
-    def _batch(self, piece: bytes) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
+    def _batch(self, piece: bytes) -> list[Any]:
+        batch: list[Any] = []
         for event in self._parser.feed(piece):
             done = self._done = self._done or event.data == "[DONE]"
             if done:
                 continue
             try:
-                batch.append(self._doc(event))
+                batch.append(self._item(event))
             except BackendError as exc:
                 self._ended = True
                 if not batch:
@@ -117,6 +117,10 @@ class EventBatches:
                 self._error = exc  # what came before the error is delivered first
                 return batch
         return batch
+
+    def _item(self, event: Event) -> Any:
+        """What the batch holds of one event: its document (a subclass may read some events otherwise)."""
+        return self._doc(event)
 
     def _doc(self, event: Event) -> dict[str, Any]:
         name = self._name

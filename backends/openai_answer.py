@@ -25,8 +25,9 @@ from backends.base import (
     Usage,
 )
 from backends.capabilities import Capabilities
-from backends.event_batches import EventBatches, json_doc
+from backends.event_batches import json_doc
 from backends.httpclient import Response
+from backends.openai_events import TextBatches, text_alone
 from backends.openai_wire import ParsedChoice, add_usage, message_text, parse_chunk, trimmed
 from backends.text import StopStrings, estimate_tokens
 
@@ -79,7 +80,7 @@ class AnswerStream:
         self._i = 0
         self._state = _START
         self._response: Response | None = None
-        self._batches: EventBatches | None = None
+        self._batches: TextBatches | None = None
 
     def __aiter__(self) -> AnswerStream:
         return self
@@ -128,7 +129,7 @@ class AnswerStream:
         payload = engine.payload(request)
         response = self._response = await engine.opened(request, path, payload)
         if payload["stream"]:
-            self._batches = EventBatches(engine, response, request.clock, engine.trusts_event_status)
+            self._batches = TextBatches(engine, response, request.clock, engine.trusts_event_status)
             self._state = _READING
             return
         try:
@@ -199,22 +200,31 @@ class Answer:
         self.expected = request.n if engine.capabilities.native_n else 1
         self.usage: Usage | None = None
 
-    def read(self, batch: list[dict[str, Any]], ending: bool = False) -> list[Chunk]:
-        """The chunks of documents that arrived together (stream chunks, or one whole answer), each but
+    def read(self, batch: list[Any], ending: bool = False) -> list[Chunk]:
+        """The chunks of documents that arrived together (stream chunks, or one whole answer; a ``str``
+        is a delta of text alone of choice 0, as ``TextBatches`` reads one), each but
         the last marked as having company (``Chunk.more``), the last too when the answer's end is
-        already in hand (``ending``: its last chunks follow at once)."""
-        out: list[tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]]] = []
+        already in hand (``ending``: its last chunks follow at once). Consecutive deltas of text alone
+        of one choice become one chunk of several ``pieces``."""
+        out: list[_Piece] = []
         states, stop_texts, top = self.states, self.stop_texts, self.request.top_logprobs
         for doc in batch:
+            if type(doc) is str:  # a delta of text alone of choice 0, read without its document
+                _add_text(out, states, 0, doc, stop_texts)
+                continue
+            choices = doc.get("choices")
+            if type(choices) is list and len(choices) == 1 and doc.get("usage") is None:
+                content = text_alone(choices[0])
+                if content is not None:  # most of a stream: no record of the choice, no usage to read
+                    _add_text(out, states, choices[0].get("index") or 0, content, stop_texts)
+                    continue
             parsed = parse_chunk(doc)
             if parsed.usage is not None:
                 self.usage = add_usage(self.usage, parsed.usage) if self.engine.usage_per_choice else parsed.usage
             for choice in parsed.choices:
-                piece = _read_choice(states, choice, stop_texts, top)
-                if piece is not None:
-                    out.append(piece)
+                _read_choice(out, states, choice, stop_texts, top)
         last = len(out) - (0 if ending else 1)
-        return [Chunk(t, None, None, i < last, index, calls, lps) for i, (t, index, calls, lps) in enumerate(out)]
+        return [p.chunk(i < last) for i, p in enumerate(out)]
 
     def finished(self) -> bool:
         """Every choice has its finish reason (or was cut at a stop)."""
@@ -262,28 +272,79 @@ class Answer:
         return ends
 
 
-def _read_choice(
-    states: dict[int, _ChoiceState], choice: ParsedChoice, stop_texts: tuple[str, ...], top_logprobs: int
-) -> tuple[str, int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]] | None:
-    """One choice's piece of a chunk, its stop strings cut, into its state; None when nothing of it
-    goes to the client."""
-    index = choice.index
+class _Piece:
+    """What one chunk of a batch will say: its text's deltas, or a delta's tool calls and logprobs."""
+
+    __slots__ = ("calls", "index", "logprobs", "texts")
+
+    def __init__(
+        self, text: str, index: int, calls: tuple[ToolCallDelta, ...] = (), logprobs: tuple[TokenLogprob, ...] = ()
+    ) -> None:
+        self.texts = [text]
+        self.index = index
+        self.calls = calls
+        self.logprobs = logprobs
+
+    def chunk(self, more: bool) -> Chunk:
+        texts = self.texts
+        if len(texts) == 1:
+            return Chunk(texts[0], None, None, more, self.index, self.calls, self.logprobs)
+        return Chunk("".join(texts), None, None, more, self.index, (), (), None, tuple(texts))
+
+
+def _state(states: dict[int, _ChoiceState], index: int, stop_texts: tuple[str, ...]) -> _ChoiceState:
     state = states.get(index)
     if state is None:
         state = states[index] = _ChoiceState(stop_texts)
+    return state
+
+
+def _add_text(
+    out: list[_Piece], states: dict[int, _ChoiceState], index: int, text: str, stop_texts: tuple[str, ...]
+) -> None:
+    """A delta of text alone, its stop strings cut, into its choice's state and ``out``: with the delta
+    before when that was text alone of the same choice."""
+    state = _state(states, index, stop_texts)
+    stops = state.stops
+    if stops.stopped:  # what arrived after the stop is not the answer
+        return
+    state.pieces += 1
+    text = stops.feed(text)
+    if not text:
+        return
+    if out:
+        before = out[-1]
+        if before.index == index and not before.calls and not before.logprobs and before.texts[0]:
+            before.texts.append(text)
+            return
+    out.append(_Piece(text, index))
+
+
+def _read_choice(
+    out: list[_Piece],
+    states: dict[int, _ChoiceState],
+    choice: ParsedChoice,
+    stop_texts: tuple[str, ...],
+    top_logprobs: int,
+) -> None:
+    """One choice's piece of a chunk, its stop strings cut, into its state and ``out`` (nothing when
+    nothing of it goes to the client)."""
+    index = choice.index
+    state = _state(states, index, stop_texts)
     state.finish = choice.finish or state.finish
     if choice.stop_reason is not None:
         state.stop_reason = choice.stop_reason
-    stops = state.stops
-    if stops.stopped:  # what arrived after the stop is not the answer
-        return None
+    logprobs, calls = choice.logprobs, choice.tool_calls
+    if not logprobs and not calls:
+        if choice.text:
+            _add_text(out, states, index, choice.text, stop_texts)
+        return
+    if state.stops.stopped:
+        return
     text = ""
     if choice.text:
         state.pieces += 1
-        text = stops.feed(choice.text)
-    logprobs = choice.logprobs
+        text = state.stops.feed(choice.text)
     if logprobs:
         logprobs = trimmed(logprobs, top_logprobs)
-    if text or choice.tool_calls or logprobs:
-        return text, index, choice.tool_calls, logprobs
-    return None
+    out.append(_Piece(text, index, calls, logprobs))

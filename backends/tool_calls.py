@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Protocol
 
-from backends.base import Chunk, ToolCallDelta
+from backends.base import Chunk, ToolCallDelta, one_by_one
 from backends.tool_parsers import HermesParser, Llama3JsonParser, MistralParser
 
 PARSERS = ("hermes", "llama3_json", "mistral")
@@ -82,35 +82,38 @@ async def with_tool_calls(
     ``"tool_calls"``, its usage kept."""
     parsers: dict[int, ToolCallParser] = {}
     try:
-        async for chunk in chunks:
-            p = parsers.get(chunk.index)
-            if p is None:
-                p = parsers[chunk.index] = parser_for(parser, None if seed is None else seed + chunk.index)
-            text, calls = p.feed(chunk.text) if chunk.text else ("", [])
-            finish = chunk.finish_reason
-            if finish is not None:
-                tail, more_calls = p.finish()
-                text += tail
-                calls += more_calls
-                if p.called:
-                    finish = "tool_calls"
-            out: list[Chunk] = []
-            if text or chunk.logprobs:
-                out.append(replace(chunk, text=text, finish_reason=None, usage=None, tool_calls=()))
-            out += [Chunk(index=chunk.index, tool_calls=(d,)) for d in calls]
-            if finish is not None or chunk.usage is not None:
-                stop = chunk.stop_sequence if finish == "stop" else None
-                if out:
-                    out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage, stop_sequence=stop)
-                else:
-                    out.append(Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage, stop_sequence=stop))
-            if not out:
-                if chunk.more:
-                    continue
-                out.append(Chunk(index=chunk.index))  # carries "nothing more at once" to the writer
-            for piece in out[:-1]:
-                yield replace(piece, more=True)
-            yield replace(out[-1], more=chunk.more)
+        async for arrived in chunks:
+            for chunk in one_by_one(arrived):  # the parser reads each delta as the engine sent it
+                p = parsers.get(chunk.index)
+                if p is None:
+                    p = parsers[chunk.index] = parser_for(parser, None if seed is None else seed + chunk.index)
+                text, calls = p.feed(chunk.text) if chunk.text else ("", [])
+                finish = chunk.finish_reason
+                if finish is not None:
+                    tail, more_calls = p.finish()
+                    text += tail
+                    calls += more_calls
+                    if p.called:
+                        finish = "tool_calls"
+                out: list[Chunk] = []
+                if text or chunk.logprobs:
+                    out.append(replace(chunk, text=text, finish_reason=None, usage=None, tool_calls=()))
+                out += [Chunk(index=chunk.index, tool_calls=(d,)) for d in calls]
+                if finish is not None or chunk.usage is not None:
+                    stop = chunk.stop_sequence if finish == "stop" else None
+                    if out:
+                        out[-1] = replace(out[-1], finish_reason=finish, usage=chunk.usage, stop_sequence=stop)
+                    else:
+                        out.append(
+                            Chunk(index=chunk.index, finish_reason=finish, usage=chunk.usage, stop_sequence=stop)
+                        )
+                if not out:
+                    if chunk.more:
+                        continue
+                    out.append(Chunk(index=chunk.index))  # carries "nothing more at once" to the writer
+                for piece in out[:-1]:
+                    yield replace(piece, more=True)
+                yield replace(out[-1], more=chunk.more)
     finally:  # closing this closes the backend's stream at once (its engine stops), not at collection
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:

@@ -93,6 +93,7 @@ def _chunk(row: dict[str, Any], more: bool) -> Chunk:
         tool_calls=tuple(ToolCallDelta(**t) for t in row["tool_calls"]),
         logprobs=tuple(_logprob(p) for p in row["logprobs"]),
         stop_sequence=row["stop_sequence"],
+        pieces=tuple(row.get("pieces") or ()),  # entries stored before pieces existed have none
     )
 
 

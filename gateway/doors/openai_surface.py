@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from backends.base import Chunk, Usage
+from backends.base import Chunk, Usage, one_by_one, pieces_of
 from gateway.config import LimitsConfig
 from gateway.doors.openai_api import ChatBody, CompletionBody, described, parse_body, to_generation
 from gateway.doors.openai_shapes import ResponseShape
@@ -29,6 +30,19 @@ class OpenAIAnswer:
         return [event(doc) for doc in self.shape.role_chunks()]
 
     def chunk(self, chunk: Chunk) -> bytes | None:
+        shape = self.shape
+        if chunk.pieces:  # deltas that arrived together: one event each, as the engine sent them
+            pieces = pieces_of(chunk)
+            if pieces and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
+                if shape.chat:
+                    data = shape.text_events(chunk.index, pieces)
+                    if data is not None:
+                        return data
+                return b"".join([self._one(c) or b"" for c in one_by_one(chunk)])
+            chunk = replace(chunk, pieces=())
+        return self._one(chunk)
+
+    def _one(self, chunk: Chunk) -> bytes | None:
         shape = self.shape
         if shape.chat and chunk.text and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
             data = shape.text_event(chunk.index, chunk.text)  # text alone: most of a stream's chunks

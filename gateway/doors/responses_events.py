@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import Chunk, Usage
+from backends.base import Chunk, Usage, one_by_one
 from gateway.doors.output_blocks import Block, Blocks, Event, Step
 from gateway.http.errors import ApiError
 from gateway.pipeline.surfaces import UsageTotal
@@ -167,6 +167,8 @@ class ResponsesAnswer:
         return out + self._event("response.output_item.done", {**where, "item": done})
 
     def chunk(self, chunk: Chunk) -> bytes | None:
+        if chunk.pieces:  # deltas that arrived together: one event each, as the engine sent them
+            return b"".join([self.chunk(c) or b"" for c in one_by_one(chunk)]) or None
         events = self._blocks.feed(chunk)
         if not events:
             return None

@@ -57,7 +57,8 @@ class Answer(Protocol):
         ...
 
     def chunk(self, chunk: Chunk) -> bytes | None:
-        """The stream event(s) of one chunk, or None when it carries nothing to send."""
+        """The stream event(s) of one chunk, or None when it carries nothing to send; a chunk of several
+        text ``pieces`` is one text event per piece, as the engine sent them (``backends.base.one_by_one``)."""
         ...
 
     def closing(self, usage: Usage | None) -> bytes:

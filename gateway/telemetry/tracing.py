@@ -216,8 +216,8 @@ class RequestTrace:
         return _Counted(rest, self)
 
     def chunk(self, chunk: Chunk) -> None:
-        """One chunk of the answer (every chunk of a stream, as it passes)."""
-        self.chunks += 1
+        """One chunk of the answer (every chunk of a stream, as it passes): its deltas counted."""
+        self.chunks += len(chunk.pieces) or 1
         if chunk.finish_reason is not None:
             self.finishes.append(chunk.finish_reason)
         if self.texts is not None and chunk.text:

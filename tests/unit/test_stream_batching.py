@@ -1,7 +1,8 @@
 """Events an engine sent together are forwarded together: the OpenAI-compatible adapter marks chunks
-that arrived in one network read (``Chunk.more``), and the gateway writes their SSE events in one
-piece (each event unchanged), with the stream's end when that came in the same read, while events that
-arrive apart still go out at once."""
+that arrived in one network read (``Chunk.more``), joins consecutive deltas of text alone into one chunk
+of several ``pieces``, and the gateway writes their SSE events in one piece (one event per delta, as
+the engine sent them), with the stream's end when that came in the same read, while events that arrive
+apart still go out at once."""
 
 from __future__ import annotations
 
@@ -31,16 +32,16 @@ def sse(*texts: str, finish: str | None = None) -> bytes:
 
 
 def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
-    async def scenario() -> list[tuple[str, bool]]:
+    async def scenario() -> list[tuple[str, bool, tuple[str, ...]]]:
         # Each later write waits until the client has read what came before: separate reads, however busy.
-        read = {text: asyncio.Event() for text in ("c", "d")}
+        read = {text: asyncio.Event() for text in ("abc", "d")}
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
             head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
             writer.write(head + sse("a", "b", "c"))  # three events in one write
             await writer.drain()
-            await read["c"].wait()
+            await read["abc"].wait()
             writer.write(sse("d"))
             await writer.drain()
             await read["d"].wait()
@@ -55,7 +56,7 @@ def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
             request = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}])
             chunks = []
             async for c in backend.generate(request):
-                chunks.append((c.text, c.more))
+                chunks.append((c.text, c.more, c.pieces))
                 if c.text in read:
                     read[c.text].set()
             return chunks
@@ -65,7 +66,7 @@ def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
             await server.wait_closed()
 
     chunks = asyncio.run(scenario())
-    assert chunks[:4] == [("a", True), ("b", True), ("c", False), ("d", False)]
+    assert chunks[:2] == [("abc", False, ("a", "b", "c")), ("d", False, ())]
     assert chunks[-1][1] is True  # the stream's end follows the finish at once
 
 
@@ -101,12 +102,12 @@ def test_a_stream_that_arrives_whole_is_marked_to_its_end_and_written_once(tmp_p
     stream's end follows at once): the client gets the head, the events and [DONE] in one write."""
     body = sse("a", "b", "c", finish="stop")
 
-    async def scenario() -> tuple[list[tuple[str, bool]], list[bytes]]:
+    async def scenario() -> tuple[list[tuple[str, bool, tuple[str, ...]]], list[bytes]]:
         server, url = await _engine_at_once(body)
         backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m"))
         try:
             request = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}])
-            marks = [(c.text, c.more) async for c in backend.generate(request)]
+            marks = [(c.text, c.more, c.pieces) async for c in backend.generate(request)]
             config = tmp_path / "g.yaml"
             config.write_text(CONFIG)
             app = create_app(load_config(config), factory({"b": backend}))
@@ -121,6 +122,8 @@ def test_a_stream_that_arrives_whole_is_marked_to_its_end_and_written_once(tmp_p
             server.close()
 
     marks, writes = asyncio.run(scenario())
-    assert marks == [("a", True), ("b", True), ("c", True), ("", True)]
+    assert marks == [("abc", True, ("a", "b", "c")), ("", True, ())]
     assert len(writes) == 1, writes
     assert writes[0].count(b"data: ") == 6 and writes[0].endswith(b"data: [DONE]\n\n")  # 3 texts, role, finish, [DONE]
+    texts = [orjson.loads(e[6:])["choices"][0]["delta"].get("content") for e in writes[0].split(b"\n\n")[1:4]]
+    assert texts == ["a", "b", "c"]  # one event per delta, in order

@@ -1,0 +1,119 @@
+"""An OpenAI-compatible engine's stream events, with the usual one read without parsing it.
+
+Most of a stream's events are a delta of text alone, and within one stream they differ only in that
+text: vLLM's ``{"id":"chatcmpl-..","object":"chat.completion.chunk","created":..,"model":"..",
+"choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}``. Once
+one such event was parsed, ``TextTemplate`` keeps what came before and after its text; a later event
+with the same bytes around a single JSON string is that event with another text, so only the string
+is parsed (``orjson``), not a document of three dicts. Anything else (another shape, another choice,
+the finish, usage, an engine that changes a field per event) is parsed whole, as before.
+
+Written here rather than taken from a library: no JSON library reads "this document, but for one
+string" (orjson and the standard library parse whole documents; a streaming parser costs more per
+event than orjson's whole parse).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from backends.base import EngineClock
+from backends.event_batches import EventBatches, EventSource
+from backends.httpclient import Response
+from backends.sse import Event
+
+_PROBE = "\x00enginegate-probe\x00"
+
+
+def text_alone(choice: Any) -> str | None:
+    """The text of a stream chunk's choice that is a delta of text alone (no finish, tool calls,
+    logprobs or stop reason), else None: read as ``parse_choice`` would read it, without its record."""
+    if not isinstance(choice, dict):
+        return None
+    delta = choice.get("delta")
+    if not isinstance(delta, dict) or choice.get("finish_reason") or choice.get("logprobs") is not None:
+        return None
+    content = delta.get("content")
+    if type(content) is not str or not content or delta.get("tool_calls") or choice.get("stop_reason") is not None:
+        return None
+    return content
+
+
+def first_text(doc: dict[str, Any]) -> str | None:
+    """The text of a stream chunk that is one delta of text alone of choice 0, with no usage."""
+    choices = doc.get("choices")
+    if type(choices) is not list or len(choices) != 1 or doc.get("usage") is not None:
+        return None
+    choice = choices[0]
+    text = text_alone(choice)
+    return text if text is not None and not choice.get("index") else None
+
+
+class TextTemplate:
+    """The bytes around one stream's text deltas (see the module)."""
+
+    __slots__ = ("after", "before", "least")
+
+    def __init__(self, before: str, after: str) -> None:
+        self.before = before
+        self.after = after
+        self.least = len(before) + len(after) + 2  # the shortest event it reads: an empty string
+
+    @staticmethod
+    def learn(data: str, doc: dict[str, Any], text: str) -> TextTemplate | None:
+        """The template of event ``data`` (parsed: ``doc``, a delta of ``text`` alone), or None where
+        the text is not found once, as this encoder writes it, right after the delta's key, or where
+        another string there would not be read as the delta's text."""
+        encoded = orjson.dumps(text).decode()
+        at = data.find(encoded)
+        if at < 0 or data.find(encoded, at + 1) >= 0 or not data[:at].rstrip().endswith('"content":'):
+            return None
+        template = TextTemplate(data[:at], data[at + len(encoded) :])
+        try:  # the same event with another text must read as exactly that: nothing else moved
+            probe = orjson.loads(template.before + orjson.dumps(_PROBE).decode() + template.after)
+        except orjson.JSONDecodeError:
+            return None
+        if first_text(probe) != _PROBE:
+            return None
+        probe["choices"][0]["delta"]["content"] = text
+        return template if probe == doc else None
+
+    def read(self, data: str) -> str | None:
+        """The text of an event that is this template around one JSON string (not empty); else None."""
+        before, after = self.before, self.after
+        if len(data) < self.least or not data.startswith(before) or not data.endswith(after):
+            return None
+        middle = data[len(before) : len(data) - len(after)]
+        if middle[:1] != '"':
+            return None
+        try:
+            text = orjson.loads(middle)
+        except orjson.JSONDecodeError:  # more than one string: another document, parsed whole
+            return None
+        return text if type(text) is str and text else None
+
+
+class TextBatches(EventBatches):
+    """``EventBatches`` of an OpenAI-compatible stream in which a delta of text alone of choice 0 comes
+    as its text (a ``str``) instead of its document, once one such event taught its ``TextTemplate``."""
+
+    def __init__(self, source: EventSource, response: Response, clock: EngineClock, trust_status: bool) -> None:
+        super().__init__(source, response, clock, trust_status)
+        self._template: TextTemplate | None = None
+        self._learning = True  # one try per stream: an engine that does not fit costs one attempt
+
+    def _item(self, event: Event) -> Any:
+        template = self._template
+        if template is not None and event.field == "data":
+            text = template.read(event.data)
+            if text is not None:
+                return text
+        doc = self._doc(event)
+        if self._learning:
+            text = first_text(doc)
+            if text is not None:
+                self._learning = False
+                self._template = TextTemplate.learn(event.data, doc, text)
+        return doc

@@ -1,0 +1,211 @@
+"""Text deltas that arrive together travel as one chunk of ``pieces`` and an OpenAI-compatible engine's
+text events are read through a ``TextTemplate``, not parsed whole: what a client gets must not depend
+on either, nor on how the engine's bytes were split into reads."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from backends.base import Chunk, one_by_one, pieces_of
+from backends.http_base import HttpSettings
+from backends.openai_events import TextTemplate, first_text
+from backends.vllm import VLLMBackend
+from benchmarks.asgi import CONFIG, post, started
+from gateway.app import create_app
+from gateway.config import load_config
+from tests.conftest import free_port
+from tests.fakes import factory
+
+VLLM_TEXT = (
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    '"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}'
+)
+
+
+def _learned(data: str) -> TextTemplate | None:
+    doc = orjson.loads(data)
+    text = first_text(doc)
+    assert text is not None
+    return TextTemplate.learn(data, doc, text)
+
+
+def _with_text(data: str, text: str) -> str:
+    return data.replace('" tok"', orjson.dumps(text).decode())
+
+
+@pytest.mark.parametrize("text", [" hi", 'a "quoted" word', "é\n\tü 中文", "\\", "</s>"])
+def test_a_template_reads_the_same_event_with_another_text(text: str) -> None:
+    template = _learned(VLLM_TEXT)
+    assert template is not None
+    assert template.read(_with_text(VLLM_TEXT, text)) == text
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        _with_text(VLLM_TEXT, ""),  # an empty delta: parsed whole (it is no piece of text)
+        VLLM_TEXT.replace('" tok"', '"a","x":"b"'),  # two strings where the text was: another document
+        VLLM_TEXT.replace('"finish_reason":null', '"finish_reason":"stop"'),
+        VLLM_TEXT.replace('"created":1', '"created":2'),
+        VLLM_TEXT.replace('" tok"', "null"),
+    ],
+)
+def test_a_template_reads_nothing_else(event: str) -> None:
+    template = _learned(VLLM_TEXT)
+    assert template is not None
+    assert template.read(event) is None
+
+
+def test_no_template_where_the_text_cannot_be_placed_for_sure() -> None:
+    ascii_escaped = '{"choices": [{"index": 0, "delta": {"content": "\\u00e9"}}]}'  # Python's json.dumps
+    assert _learned(ascii_escaped) is None
+    twice = '{"choices":[{"index":0,"delta":{"content":"x"}}],"echo":{"content":"x"}}'
+    assert _learned(twice) is None
+    spaced = _learned('{"choices": [{"index": 0, "delta": {"content": "x"}}]}')
+    assert spaced is not None and spaced.read('{"choices": [{"index": 0, "delta": {"content": "yz"}}]}') == "yz"
+
+
+def test_pieces_are_one_chunk_each_and_stale_ones_are_not_used() -> None:
+    chunk = Chunk("abc", more=False, index=1, pieces=("a", "b", "c"))
+    assert [(c.text, c.more, c.index, c.pieces) for c in one_by_one(chunk)] == [
+        ("a", True, 1, ()),
+        ("b", True, 1, ()),
+        ("c", False, 1, ()),
+    ]
+    stale = Chunk("xyz", pieces=("a", "b"))  # a wrapper rewrote the text and kept the field
+    assert pieces_of(stale) == ()
+    assert [c.text for c in one_by_one(stale)] == ["xyz"]
+
+
+def _event(doc: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def _chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None, created: int = 7) -> bytes:
+    doc: dict[str, Any] = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": created, "model": "m"}
+    return _event(doc | {"choices": choices} | ({"usage": usage} if usage else {}))
+
+
+def _delta(text: str | None = None, index: int = 0, finish: str | None = None, **more: Any) -> dict[str, Any]:
+    delta: dict[str, Any] = {} if text is None else {"content": text}
+    delta |= more.pop("delta", {})
+    return {"index": index, "delta": delta, "logprobs": more.pop("logprobs", None), "finish_reason": finish} | more
+
+
+USAGE = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}
+TEXTS = [" Hel", "lo", ' "you"', " é中\n", "\\", "S", "TO", "P!", " after"]
+STREAMS = {
+    "text": [_chunk([_delta("", delta={"role": "assistant"})])]
+    + [_chunk([_delta(t)]) for t in TEXTS]
+    + [_chunk([_delta(None, finish="stop")]), _chunk([], USAGE)],
+    "stop string across events": [_chunk([_delta(t)]) for t in TEXTS]
+    + [_chunk([_delta(None, finish="length")], USAGE)],
+    "two choices interleaved": [_chunk([_delta(t, i % 2)]) for i, t in enumerate(TEXTS)]
+    + [_chunk([_delta(None, 0, "stop")]), _chunk([_delta(None, 1, "stop")], USAGE)],
+    "tool call and logprobs between texts": [_chunk([_delta(t)]) for t in TEXTS[:3]]
+    + [_chunk([_delta("x", logprobs={"content": [{"token": "x", "logprob": -0.5, "bytes": [120],
+                                                  "top_logprobs": []}]})])]
+    + [_chunk([_delta(t)]) for t in TEXTS[3:5]]
+    + [_chunk([_delta(None, delta={"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                   "function": {"name": "f", "arguments": "{}"}}]})])]
+    + [_chunk([_delta(None, finish="tool_calls")], USAGE)],
+    "a field that changes per event": [_chunk([_delta(t)], created=i) for i, t in enumerate(TEXTS)]
+    + [_chunk([_delta(None, finish="stop")], USAGE)],
+    "comments, fields and lines the parser reads": [_chunk([_delta(t)]) for t in TEXTS[:3]]
+    + [b": ping\n\n", _chunk([_delta(" no space")]).replace(b"data: ", b"data:"),
+       b"event: x\n" + _chunk([_delta(" named")]),
+       _chunk([_delta(" two lines")]).replace(b',"choices"', b'\ndata: ,"choices"')]
+    + [_chunk([_delta(t)]) for t in TEXTS[3:]] + [_chunk([_delta(None, finish="stop")], USAGE)],
+    "an error after texts": [_chunk([_delta(t)]) for t in TEXTS[:4]]
+    + [b'data: {"error":{"message":"engine fell over","type":"internal_error","code":500}}\n\n'],
+}  # fmt: skip
+ASKED: dict[str, dict[str, Any]] = {
+    "comments, fields and lines the parser reads": {},
+    "an error after texts": {},
+    "text": {},
+    "stop string across events": {"stop": ["STOP"]},
+    "two choices interleaved": {"n": 2},
+    "tool call and logprobs between texts": {"logprobs": True},
+    "a field that changes per event": {},
+}
+
+
+def _splits(body: bytes, events: list[bytes], how: str, seed: int) -> list[bytes]:
+    if how == "whole":
+        return [body]
+    if how == "by event":
+        return [*events, b"data: [DONE]\n\n"]
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(body)), 12))
+    return [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+
+
+async def _client_events(tmp_path: Path, pieces: list[bytes], asked: dict[str, Any]) -> tuple[list[Any], int]:
+    """The SSE documents a client gets (ids and times left out) when the engine writes ``pieces``; and
+    how many writes of its own the engine's bytes took to arrive (one per piece at most)."""
+    total = sum(len(p) for p in pieces)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the gateway closed the connection
+                break
+            fields = dict(line.partition(b":")[::2] for line in head.lower().split(b"\r\n")[1:] if line)
+            await reader.readexactly(int(fields.get(b"content-length", b"0")))
+            if head.split(b" ", 2)[1] != b"/v1/chat/completions":  # health, load: nothing to say
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % total)
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.001)  # pacing only: the reads may still join pieces, as a network's may
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", free_port())
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m"))
+    try:
+        config = tmp_path / "g.yaml"
+        config.write_text(CONFIG)
+        app = create_app(load_config(config), factory({"b": backend}))
+        lifespan = await started(app)
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stream": True, **asked}
+        writes: list[bytes] = []
+        assert await post(app, "/v1/chat/completions", orjson.dumps(body), writes) == 200
+        lifespan.cancel()
+    finally:
+        await backend.aclose()
+        server.close()
+    docs: list[Any] = []
+    for raw in b"".join(writes).split(b"\n\n"):
+        if raw.startswith(b"data: {"):
+            doc = orjson.loads(raw[6:])
+            docs.append({k: v for k, v in doc.items() if k not in ("id", "created", "system_fingerprint")})
+        elif raw:
+            docs.append(raw.decode())
+    return docs, len(writes)
+
+
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_what_a_client_gets_does_not_depend_on_how_the_engine_bytes_arrived(tmp_path: Path, name: str) -> None:
+    events = STREAMS[name]
+    body = b"".join(events) + b"data: [DONE]\n\n"
+    runs = {
+        f"{how} {seed}": asyncio.run(_client_events(tmp_path, _splits(body, events, how, seed), ASKED[name]))
+        for how, seed in (("by event", 0), ("whole", 0), ("random", 1), ("random", 2))
+    }
+    reference, _ = runs["by event 0"]
+    texts = [d["choices"][0]["delta"].get("content") for d in reference if isinstance(d, dict) and d.get("choices")]
+    assert len([t for t in texts if t]) >= 3  # the stream has text events to compare
+    for how, (docs, _) in runs.items():
+        assert docs == reference, how
+    if name == "stop string across events":
+        assert "".join(t or "" for t in texts) == ' Hello "you" é中\n\\'  # cut before the stop, never after
