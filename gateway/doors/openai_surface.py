@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from backends.base import Chunk, Usage, one_by_one, pieces_of
@@ -30,16 +29,14 @@ class OpenAIAnswer:
         return [event(doc) for doc in self.shape.role_chunks()]
 
     def chunk(self, chunk: Chunk) -> bytes | None:
-        shape = self.shape
         if chunk.pieces:  # deltas that arrived together: one event each, as the engine sent them
+            shape = self.shape
             pieces = pieces_of(chunk)
-            if pieces and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
-                if shape.chat:
-                    data = shape.text_events(chunk.index, pieces)
-                    if data is not None:
-                        return data
-                return b"".join([self._one(c) or b"" for c in one_by_one(chunk)])
-            chunk = replace(chunk, pieces=())
+            if pieces and shape.chat and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
+                data = shape.text_events(chunk.index, pieces)
+                if data is not None:
+                    return data
+            return b"".join([self._one(c) or b"" for c in one_by_one(chunk)]) or None
         return self._one(chunk)
 
     def _one(self, chunk: Chunk) -> bytes | None:

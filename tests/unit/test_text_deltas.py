@@ -19,6 +19,8 @@ from backends.vllm import VLLMBackend
 from benchmarks.asgi import CONFIG, post, started
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.doors.openai_shapes import ResponseShape
+from gateway.doors.openai_surface import OpenAIAnswer
 from tests.conftest import free_port
 from tests.fakes import factory
 
@@ -81,6 +83,17 @@ def test_pieces_are_one_chunk_each_and_stale_ones_are_not_used() -> None:
     stale = Chunk("xyz", pieces=("a", "b"))  # a wrapper rewrote the text and kept the field
     assert pieces_of(stale) == ()
     assert [c.text for c in one_by_one(stale)] == ["xyz"]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_pieces_are_written_one_event_each_whatever_else_the_chunk_carries(chat: bool) -> None:
+    answer = OpenAIAnswer(ResponseShape(chat, "r", "m", False, 1))
+    chunk = Chunk("abc", "stop", index=0, pieces=("a", "b", "c"))  # a wrapper gave it the finish
+    events = [orjson.loads(e[6:]) for e in (answer.chunk(chunk) or b"").split(b"\n\n") if e]
+    key = "delta" if chat else "text"
+    texts = [(c["delta"].get("content") if chat else c["text"]) for e in events for c in e["choices"] if key in c]
+    assert texts == ["a", "b", "c"]
+    assert [c["finish_reason"] for e in events for c in e["choices"]] == [None, None, "stop"]
 
 
 def _event(doc: dict[str, Any]) -> bytes:
