@@ -27,7 +27,7 @@ from backends.base import (
 from backends.capabilities import Capabilities
 from backends.event_batches import json_doc
 from backends.httpclient import Response
-from backends.openai_events import TextBatches, text_alone
+from backends.openai_events import TextBatches, lone_text
 from backends.openai_wire import ParsedChoice, add_usage, message_text, parse_chunk, trimmed
 from backends.text import StopStrings, estimate_tokens
 
@@ -212,12 +212,10 @@ class Answer:
             if type(doc) is str:  # a delta of text alone of choice 0, read without its document
                 _add_text(out, states, 0, doc, stop_texts)
                 continue
-            choices = doc.get("choices")
-            if type(choices) is list and len(choices) == 1 and doc.get("usage") is None:
-                content = text_alone(choices[0])
-                if content is not None:  # most of a stream: no record of the choice, no usage to read
-                    _add_text(out, states, choices[0].get("index") or 0, content, stop_texts)
-                    continue
+            content = lone_text(doc)
+            if content is not None:  # most of a stream: no record of the choice, no usage to read
+                _add_text(out, states, doc["choices"][0].get("index") or 0, content, stop_texts)
+                continue
             parsed = parse_chunk(doc)
             if parsed.usage is not None:
                 self.usage = add_usage(self.usage, parsed.usage) if self.engine.usage_per_choice else parsed.usage

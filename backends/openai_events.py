@@ -41,14 +41,18 @@ def text_alone(choice: Any) -> str | None:
     return content
 
 
-def first_text(doc: dict[str, Any]) -> str | None:
-    """The text of a stream chunk that is one delta of text alone of choice 0, with no usage."""
+def lone_text(doc: dict[str, Any]) -> str | None:
+    """The text of a stream chunk that is one delta of text alone (of any choice), with no usage."""
     choices = doc.get("choices")
     if type(choices) is not list or len(choices) != 1 or doc.get("usage") is not None:
         return None
-    choice = choices[0]
-    text = text_alone(choice)
-    return text if text is not None and not choice.get("index") else None
+    return text_alone(choices[0])
+
+
+def first_text(doc: dict[str, Any]) -> str | None:
+    """``lone_text`` of choice 0: what a ``TextTemplate`` reads."""
+    text = lone_text(doc)
+    return text if text is not None and not doc["choices"][0].get("index") else None
 
 
 class TextTemplate:

@@ -88,3 +88,34 @@ def serve_in_thread(app: object, ready_path: str = "/readyz") -> Iterator[str]:
 
 CONNECT_ERROR = BackendError(ErrorKind.CONNECT, "connection refused")
 UPSTREAM_ERROR = BackendError(ErrorKind.UPSTREAM, "engine crashed")
+
+
+async def sse_engine(pieces: list[bytes]) -> tuple[asyncio.Server, str]:
+    """An OpenAI-compatible engine on a free loopback port (the server and its URL) whose every chat
+    answer is the stream ``pieces`` (its end included), one write each with a turn of the event loop
+    between them (a network may still join them in one read); 200 for its health, 404 for anything
+    else; connections kept alive."""
+    total = sum(len(p) for p in pieces)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the gateway closed the connection
+                break
+            fields = dict(line.partition(b":")[::2] for line in head.lower().split(b"\r\n")[1:] if line)
+            await reader.readexactly(int(fields.get(b"content-length", b"0")))
+            path = head.split(b" ", 2)[1]
+            if path != b"/v1/chat/completions":
+                status = b"200 OK" if path == b"/health" else b"404 Not Found"
+                writer.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}" % status)
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % total)
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", free_port())
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"

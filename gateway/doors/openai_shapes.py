@@ -201,23 +201,27 @@ class ResponseShape:
         ``delta`` and ``exchange.event`` make of it, from a template rendered once per choice: one
         ``orjson.dumps`` of the text rather than a document of three dicts per token. None where no
         template can be cut (an id or model holding the placeholder): ``delta`` then."""
-        parts = self._text_events.get(index) if index in self._text_events else self._text_template(index)
+        parts = self._text_template(index)
         if parts is None:
             return None
         return parts[0] + orjson.dumps(text) + parts[1]
 
     def text_events(self, index: int, texts: tuple[str, ...]) -> bytes | None:
         """``text_event`` of each of ``texts``, in one piece of bytes."""
-        parts = self._text_events.get(index) if index in self._text_events else self._text_template(index)
+        parts = self._text_template(index)
         if parts is None:
             return None
         before, after = parts
         return b"".join([before + orjson.dumps(text) + after for text in texts])
 
     def _text_template(self, index: int) -> tuple[bytes, bytes] | None:
+        """Choice ``index``'s text event as the bytes before and after its text, cut once per choice."""
+        events = self._text_events
+        if index in events:
+            return events[index]
         doc = self._chunk({"index": index, "delta": {"content": _HOLE}, "logprobs": None, "finish_reason": None})
         pieces = orjson.dumps(doc).split(_HOLE_JSON)
-        parts = self._text_events[index] = (b"data: " + pieces[0], pieces[1] + b"\n\n") if len(pieces) == 2 else None
+        parts = events[index] = (b"data: " + pieces[0], pieces[1] + b"\n\n") if len(pieces) == 2 else None
         return parts
 
     def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from benchmarks.asgi import CONFIG, post, started
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.conftest import free_port
-from tests.fakes import factory
+from tests.fakes import factory, sse_engine
 
 
 def sse(*texts: str, finish: str | None = None) -> bytes:
@@ -70,40 +70,13 @@ def test_chunks_from_one_read_are_marked_and_later_ones_are_not() -> None:
     assert chunks[-1][1] is True  # the stream's end follows the finish at once
 
 
-async def _engine_at_once(body: bytes) -> tuple[asyncio.Server, str]:
-    """An engine whose every answer arrives in one read: the stream ``body`` (its end included) for a
-    chat request, 200 for its health, 404 for anything else; connections kept alive."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError:  # the gateway closed the connection
-                break
-            fields = dict(line.partition(b":")[::2] for line in head.lower().split(b"\r\n")[1:] if line)
-            await reader.readexactly(int(fields.get(b"content-length", b"0")))
-            path = head.split(b" ", 2)[1]
-            if path == b"/v1/chat/completions":
-                status, kind, out = b"200 OK", b"text/event-stream", body
-            else:
-                status, kind, out = (b"200 OK" if path == b"/health" else b"404 Not Found"), b"application/json", b"{}"
-            writer.write(
-                b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (status, kind, len(out)) + out
-            )
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", free_port())
-    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-
-
 def test_a_stream_that_arrives_whole_is_marked_to_its_end_and_written_once(tmp_path: Path) -> None:
     """Every chunk of an answer whose end came in the same read has company, its last chunk too (the
     stream's end follows at once): the client gets the head, the events and [DONE] in one write."""
     body = sse("a", "b", "c", finish="stop")
 
     async def scenario() -> tuple[list[tuple[str, bool, tuple[str, ...]]], list[bytes]]:
-        server, url = await _engine_at_once(body)
+        server, url = await sse_engine([body])  # every answer in one write
         backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m"))
         try:
             request = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}])
