@@ -6,17 +6,21 @@ Streams ``FAKE_TOKENS`` chunks (default 16) to a request that asks for a stream,
 whole (one JSON body) to one that does not, and answers /health; the gateway's cost is what remains when
 the engine costs almost nothing; /v1/models lists ``FAKE_MODEL`` (default ``bench``). (It streamed to
 every request until the side-by-side benchmark: a proxy that relays bytes then answered a whole-answer
-client with a stream.)
+client with a stream.) With ``FAKE_PACE_MS`` above 0 a stream is decode-paced: one event per write,
+that many milliseconds apart, as a real engine sends its tokens (each arrives at a proxy alone).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 import orjson
 
 TOKENS = int(os.environ.get("FAKE_TOKENS", "16"))
+PACE_S = float(os.environ.get("FAKE_PACE_MS", "0")) / 1000
+"""Seconds between a stream's events (0: the whole stream in one write)."""
 MODEL = os.environ.get("FAKE_MODEL", "bench")
 """The model /v1/models lists (routers such as smg register a worker for the models it lists)."""
 MODELS = orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "fake"}]})
@@ -35,11 +39,11 @@ def _chunk(chat: bool, text: str | None, finish: str | None = None, usage: dict[
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
-def _body(chat: bool) -> bytes:
+def _events(chat: bool) -> list[bytes]:
+    """A stream's events as a paced engine writes them: each token; the finish, usage and end together."""
     usage = {"prompt_tokens": 8, "completion_tokens": TOKENS, "total_tokens": 8 + TOKENS}
     parts = [_chunk(chat, f" tok{i}") for i in range(TOKENS)]
-    parts += [_chunk(chat, None, "length"), _chunk(chat, None, usage=usage), b"data: [DONE]\n\n"]
-    return b"".join(parts)
+    return [*parts, _chunk(chat, None, "length") + _chunk(chat, None, usage=usage) + b"data: [DONE]\n\n"]
 
 
 def _whole(chat: bool) -> bytes:
@@ -53,7 +57,8 @@ def _whole(chat: bool) -> bytes:
     return orjson.dumps(doc)
 
 
-BODIES = {chat: _body(chat) for chat in (True, False)}
+EVENTS = {chat: _events(chat) for chat in (True, False)}
+BODIES = {chat: b"".join(EVENTS[chat]) for chat in (True, False)}
 WHOLE = {chat: _whole(chat) for chat in (True, False)}
 
 
@@ -71,6 +76,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"].endswith("/completions"):
         chat = scope["path"].endswith("/chat/completions")
         if orjson.loads(asked or b"{}").get("stream"):
+            if PACE_S > 0:
+                await _paced(send, EVENTS[chat])
+                return
             body, kind = BODIES[chat], b"text/event-stream"
         else:
             body, kind = WHOLE[chat], b"application/json"
@@ -80,3 +88,10 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body, kind = b"", b"text/plain"
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _paced(send: Any, events: list[bytes]) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for i, event in enumerate(events, 1):
+        await asyncio.sleep(PACE_S)
+        await send({"type": "http.response.body", "body": event, "more_body": i < len(events)})

@@ -369,6 +369,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before each run")
     parser.add_argument("--modes", default="whole,stream")
+    parser.add_argument("--pace-ms", type=float, default=0.0,
+                        help="decode-paced streams: the upstream writes one event every PACE ms")  # fmt: skip
     parser.add_argument("--envs", type=Path, default=Path(tempfile.gettempdir()) / "peers",
                         help="the peers' throwaway virtual environments, one per peer")  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the markdown here (and the samples as .json)")
@@ -379,7 +381,7 @@ def main() -> None:
     workers = next((int(n.removeprefix("enginegate-").removesuffix("w")) for n in names if n.endswith("w")), 2)
     work = Path(tempfile.mkdtemp(prefix="peers-"))
     engine_port = 18390
-    engine_procs = start_fake_engine(engine_port)
+    engine_procs = start_fake_engine(engine_port, pace_ms=args.pace_ms)
     engine = f"http://127.0.0.1:{engine_port}"
     targets: list[Target] = []
     samples: list[Sample] = []
@@ -397,7 +399,8 @@ def main() -> None:
         stop(targets)
         for p in engine_procs:
             p.terminate()
-    head = (f"One instant upstream (fake engine, {TOKENS} tokens), {args.rounds} interleaved rounds of "
+    upstream = f"One upstream streaming one event every {args.pace_ms:g} ms" if args.pace_ms else "One instant upstream"
+    head = (f"{upstream} (fake engine, {TOKENS} tokens), {args.rounds} interleaved rounds of "
             f"{args.duration:g} s after {args.warmup:g} s of warm-up, medians; wrk on the same machine "
             f"({os.cpu_count()} cores, shared by wrk, the upstream and the target).")  # fmt: skip
     text = head + "\n" + table(samples) + "\n\n" + ratios(samples) + "\n"
