@@ -599,6 +599,47 @@ def test_deadlines_per_phase() -> None:
     run(body)
 
 
+def test_a_stream_longer_than_the_read_timeout_lives_while_data_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read deadline is per silence, not per body: a stream that lasts several read timeouts, a
+    piece every tick, is read whole; the silence after it times out. The deadline's timer is armed a
+    few times for the whole stream, not once per read (a wait per event would otherwise pay for one)."""
+    armed: list[float] = []
+    arm = http_connection.Connection._arm
+
+    def counted(self: http_connection.Connection, at: float) -> None:
+        armed.append(at)
+        arm(self, at)
+
+    monkeypatch.setattr(http_connection.Connection, "_arm", counted)
+
+    async def ticking(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(40):
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.02)  # engine behaviour: a token pace, 40 of them past the read timeout
+        await asyncio.sleep(5)  # engine behaviour: then silence, past the client's read timeout
+
+    async def body() -> None:
+        async with Server(ticking) as server:
+            client = HttpClient(server.url, response_timeout_s=30, read_timeout_s=0.3)
+            response = await client.request("POST", "/", b"{}")
+            got, reads = b"", 0
+            started = time.monotonic()
+            with pytest.raises(ReadTimeout):
+                while len(got) < 41:
+                    got += await response.read_chunk()
+                    reads += 1
+            assert got == b"x" * 40 and reads > 20
+            assert time.monotonic() - started < 4.5  # the silence ended it, not the engine's close
+            assert len(armed) < reads / 2, (len(armed), reads)
+            response.close()
+            await client.aclose()
+
+    run(body)
+
+
 def _streamer(server: Server) -> Handler:
     async def stream_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
