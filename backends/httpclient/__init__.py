@@ -22,7 +22,8 @@ Content-Length, chunked, or ended by the server closing the connection.
 - Deadlines per phase, each a ``TimeoutError`` subclass: connecting
   (``connect_timeout_s``), the response's head after the request was written
   (``response_timeout_s``), and the longest silence between body bytes
-  (``read_timeout_s``).
+  (``read_timeout_s``), each moved by every wait on one timer per connection
+  (``deadline``).
 - Bounds: the response head (and trailers) at ``max_head_bytes``; body bytes
   held unread at ``read_limit`` (reading from the socket pauses beyond it).
 - Encoding: ``Accept-Encoding: identity`` is sent; a gzip or deflate body sent
@@ -37,7 +38,8 @@ Content-Length, chunked, or ended by the server closing the connection.
 
 Laid out as httpcore is: ``errors`` (the exception tree), ``connection`` (one connection, its parser
 and the small ``Pool`` interface it needs), ``response`` (what callers read), ``pool`` (``HttpClient``),
-``outbox`` (writes held to the loop's turn; the gateway's server writes through it too).
+``outbox`` (writes held to the loop's turn; the gateway's server writes through it too), ``deadline``
+(a connection's wait deadline on one timer).
 """
 
 from __future__ import annotations

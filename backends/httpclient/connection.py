@@ -15,6 +15,7 @@ from typing import Protocol
 
 import httptools
 
+from backends.httpclient.deadline import Deadline
 from backends.httpclient.errors import (
     HttpError,
     NoResponseError,
@@ -31,9 +32,6 @@ from backends.httpclient.outbox import Outbox
 _PEEK_AFTER_S = 1.0
 
 log = logging.getLogger("enginegate.http")
-
-_EARLY_S = 0.001
-"""A wait's timer may fire this much before its deadline (the loop's timers count milliseconds)."""
 
 
 class Pool(Protocol):
@@ -113,13 +111,8 @@ class Connection(asyncio.Protocol):
         """Counted against the pool's limit; cleared when its slot is given up or passed on."""
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        """Checks the waits' deadline (``wait``); armed for ``_timer_at``."""
-        self._timer_at = 0.0
-        self._due = 0.0
-        """The current wait's deadline (``loop.time()``), its length, and whether it waits for the head."""
-        self._due_s = 0.0
-        self._due_head = False
+        self.deadline = Deadline(loop, self._expire)
+        """The waits' deadline (``wait``), on one timer for every wait."""
         self.arrived = 0.0
         """``time.perf_counter()`` when bytes last came in (before parsing them)."""
         self.idle_since = 0.0
@@ -202,51 +195,28 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
         self.closed = True
-        self._disarm()
+        self.deadline.stop()
 
     async def wait(self, timeout_s: float, head: bool = False) -> None:
         """Until something happens on the connection, or ``timeout_s`` without anything (``head``:
-        while the response's head is awaited).
-
-        The deadline is kept on the connection and checked by one timer that stays armed across waits:
-        a stream waits once per event, and a timer scheduled and cancelled per wait cost more than the
-        rest of the wait. A timer that fires before the current wait's deadline (the deadline moved
-        with later waits) arms again for it; one that fires with no wait pending is dropped."""
-        loop = self.loop
-        waiter = self.waiter = loop.create_future()
-        due = loop.time() + timeout_s
-        self._due, self._due_s, self._due_head = due, timeout_s, head
-        if self._timer is None or self._timer_at > due:
-            self._arm(due)
+        while the response's head is awaited). The deadline moves with each wait, on one timer
+        (``deadline.Deadline``)."""
+        waiter = self.waiter = self.loop.create_future()
+        self.deadline.start(timeout_s, head)
         try:
             await waiter
         finally:
             self.waiter = None
 
-    def _arm(self, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = self.loop.call_at(at, self._expire)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def _expire(self) -> None:
-        self._timer = None
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
-        if self.loop.time() < self._due - _EARLY_S:
-            self._arm(self._due)
-            return
-        if self._due_head:
+        if self.deadline.head:
             limit_s = self.client.response_timeout_s
             waiter.set_exception(ResponseTimeout(f"no response from the server within {limit_s:g} s of the request"))
         else:
-            waiter.set_exception(ReadTimeout(f"no data from the server for {self._due_s:g} s"))
+            waiter.set_exception(ReadTimeout(f"no data from the server for {self.deadline.timeout_s:g} s"))
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -338,7 +308,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm()
+        self.deadline.stop()
         self.client.connections.discard(self)
         if not self.busy:
             self.client.lost(self)

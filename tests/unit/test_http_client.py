@@ -38,6 +38,7 @@ from backends.httpclient import (
     tls_context,
 )
 from backends.httpclient import connection as http_connection
+from backends.httpclient import deadline as http_deadline
 from gateway.config import ConfigError, load_config
 from gateway.fleet.engines import build_backend
 from tests.conftest import free_port
@@ -604,13 +605,13 @@ def test_a_stream_longer_than_the_read_timeout_lives_while_data_comes(monkeypatc
     piece every tick, is read whole; the silence after it times out. The deadline's timer is armed a
     few times for the whole stream, not once per read (a wait per event would otherwise pay for one)."""
     armed: list[float] = []
-    arm = http_connection.Connection._arm
+    arm = http_deadline.Deadline.arm
 
-    def counted(self: http_connection.Connection, at: float) -> None:
+    def counted(self: http_deadline.Deadline, at: float) -> None:
         armed.append(at)
         arm(self, at)
 
-    monkeypatch.setattr(http_connection.Connection, "_arm", counted)
+    monkeypatch.setattr(http_deadline.Deadline, "arm", counted)
 
     async def ticking(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
