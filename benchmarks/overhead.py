@@ -99,11 +99,13 @@ def header_median(url: str, body: dict[str, object], n: int = 300) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def start_fake_engine(port: int, relay_port: int | None = None, pace_ms: float = 0.0) -> list[subprocess.Popen[bytes]]:
-    """The fake engine on ``port`` (and the bare TCP relay to it on ``relay_port``); ``pace_ms``: its
-    streams decode-paced, one event per write that many milliseconds apart."""
+def start_fake_engine(
+    port: int, relay_port: int | None = None, pace_ms: float = 0.0, tokens: int = TOKENS
+) -> list[subprocess.Popen[bytes]]:
+    """The fake engine on ``port`` (and the bare TCP relay to it on ``relay_port``), answering ``tokens``
+    tokens; ``pace_ms``: its streams decode-paced, one event per write that many milliseconds apart."""
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "FAKE_TOKENS": str(TOKENS), "FAKE_PACE_MS": str(pace_ms)}
+    env = {**os.environ, "FAKE_TOKENS": str(tokens), "FAKE_PACE_MS": str(pace_ms)}
     cmd = [str(bin_dir / "uvicorn"), "benchmarks.fake_engine:app", "--port", str(port), "--no-access-log",
            "--log-level", "warning"]  # fmt: skip
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
