@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration", type=float, default=10.0,
-                        help="seconds per run: long beside a stream (streams cut at its end are not counted)")  # fmt: skip
+                        help="seconds per run, long beside a stream: those cut at its end go uncounted")  # fmt: skip
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--fleet-streams", type=int, default=100_000)
     parser.add_argument("--fleet-rate", type=float, default=30.0, help="tokens a second per stream")
