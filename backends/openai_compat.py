@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+from backends.answer_stream import AnswerStream
 from backends.base import Chunk, GenerationRequest
 from backends.capabilities import PLAIN, Capabilities
 from backends.http_base import HttpBackend
-from backends.openai_answer import AnswerStream
 from backends.openai_wire import (
     END_TEXTS,
     FINISH,

@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from backends.answer_stream import AnswerStream
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
-from backends.openai_answer import AnswerStream
 from values import value
 
 log = logging.getLogger("enginegate.dispatch")

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from backends import capabilities as cap
+from backends.answer_stream import AnswerStream
 from backends.base import (
     BackendError,
     Chunk,
@@ -27,7 +28,6 @@ from backends.base import (
 from backends.capabilities import PLAIN, Capabilities
 from backends.http_base import HttpSettings
 from backends.llama_server import LlamaServerBackend
-from backends.openai_answer import AnswerStream
 from backends.openai_compat import OpenAICompatBackend, parse_chunk, to_payload
 from backends.vllm import VLLMBackend
 from tests.conftest import free_port
