@@ -13,7 +13,9 @@ compiled by mypyc (``pyproject.toml``), which compiles no async generators.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -47,7 +49,8 @@ def json_doc(name: str, data: str) -> Any:
 class EventBatches:
     """``async for batch in EventBatches(...)``: lists of JSON objects until the body ends."""
 
-    __slots__ = ("_clock", "_done", "_ended", "_error", "_name", "_parser", "_response", "_source", "_trust")
+    __slots__ = ("_clock", "_done", "_ended", "_error", "_name", "_parser", "_response", "_source", "_trust",
+                 "_waiting")  # fmt: skip
 
     def __init__(self, source: EventSource, response: Response, clock: EngineClock, trust_status: bool) -> None:
         self._source = source
@@ -59,6 +62,7 @@ class EventBatches:
         self._done = False  # [DONE] came: what follows is read, not parsed
         self._ended = False
         self._error: BackendError | None = None  # raised once the batch before it was taken
+        self._waiting = 0.0  # time.perf_counter() when a wait for the body began (0: none)
 
     def __aiter__(self) -> EventBatches:
         return self
@@ -69,38 +73,77 @@ class EventBatches:
         waiting): ``[DONE]`` came and the body was received whole, or the body ended."""
         return self._error is None and (self._ended or (self._done and self._response.complete))
 
+    @property
+    def ended(self) -> bool:
+        """The body has ended: ``next_batch`` has no more to give."""
+        return self._ended and self._error is None
+
     async def __anext__(self) -> list[Any]:
+        while True:
+            batch = self.next_batch()
+            if batch is not None:
+                return batch
+            if self.ended:
+                raise StopAsyncIteration
+            try:
+                await self.wait()
+            except BaseException as exc:
+                error = self.failure(exc)
+                if error is exc:
+                    raise
+                raise error from exc
+
+    def next_batch(self) -> list[Any] | None:
+        """The next batch from the bytes that have arrived, without waiting: None when no event is
+        complete yet (await ``wait``, then ask again) or the body has ended (``ended``)."""
         error = self._error
         if error is not None:
             self._error = None
             raise error
+        started = self._waiting
+        if started:
+            self._waiting = 0.0
+            self._clock.waited_s += max(0.0, self._response.arrived_at - started)  # 0 when it was there
         while not self._ended:
-            piece = await self._read()
+            try:
+                piece = self._response.take_chunk()
+            except OSError as exc:
+                self._ended = True
+                raise self._source.transport_error(exc) from exc
+            if piece is None:
+                return None
             if not piece:
                 self._ended = True
                 done = self._done
                 tail = [self._item(e) for e in self._parser.close() if not done and e.data != "[DONE]"]
-                if tail:
-                    return tail
-                break
+                return tail or None
             batch = self._batch(piece)
             if batch:
                 return batch
-        raise StopAsyncIteration
+        return None
+
+    def wait(self, listener: Callable[[], bool] | None = None) -> asyncio.Future[None]:
+        """Resolved when more of the body has arrived (``next_batch`` then); the time waited goes on
+        the request's engine clock. ``listener``: see ``Response.wait``. If the wait fails, ``failure``
+        says what to raise."""
+        self._waiting = time.perf_counter()
+        return self._response.wait(listener)
+
+    def wait_on(self) -> None:
+        """A listener took what arrived (``next_batch``) and the wait goes on: its clock and deadline
+        start again."""
+        self._waiting = time.perf_counter()
+        self._response.waiting_on()
+
+    def failure(self, exc: BaseException) -> BaseException:
+        """What a failed ``wait`` raises (the engine's ``BackendError`` for a transport failure); the
+        response is closed (a cancelled read included: the engine sees the connection close)."""
+        self._ended = True
+        self._response.close()
+        return self._source.transport_error(exc) if isinstance(exc, OSError) else exc
 
     async def aclose(self) -> None:
         self._ended = True
-
-    async def _read(self) -> bytes:
-        response = self._response
-        started = time.perf_counter()
-        try:
-            piece = await response.read_chunk()
-        except OSError as exc:
-            self._ended = True
-            raise self._source.transport_error(exc) from exc
-        self._clock.waited_s += max(0.0, response.arrived_at - started)  # 0 when it was already there
-        return piece
 
     def _batch(self, piece: bytes) -> list[Any]:
         batch: list[Any] = []

@@ -90,11 +90,12 @@ CONNECT_ERROR = BackendError(ErrorKind.CONNECT, "connection refused")
 UPSTREAM_ERROR = BackendError(ErrorKind.UPSTREAM, "engine crashed")
 
 
-async def sse_engine(pieces: list[bytes]) -> tuple[asyncio.Server, str]:
+async def sse_engine(pieces: list[bytes], pace_s: float = 0.0) -> tuple[asyncio.Server, str]:
     """An OpenAI-compatible engine on a free loopback port (the server and its URL) whose every chat
     answer is the stream ``pieces`` (its end included), one write each with a turn of the event loop
-    between them (a network may still join them in one read); 200 for its health, 404 for anything
-    else; connections kept alive."""
+    between them (a network may still join them in one read), or ``pace_s`` seconds (a decoding
+    engine's pace: each its own read); 200 for its health, 404 for anything else; connections kept
+    alive."""
     total = sum(len(p) for p in pieces)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -114,7 +115,7 @@ async def sse_engine(pieces: list[bytes]) -> tuple[asyncio.Server, str]:
             for piece in pieces:
                 writer.write(piece)
                 await writer.drain()
-                await asyncio.sleep(0)
+                await asyncio.sleep(pace_s)
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", free_port())

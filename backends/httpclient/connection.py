@@ -11,6 +11,7 @@ import logging
 import select
 import time
 import zlib
+from collections.abc import Callable
 from typing import Protocol
 
 import httptools
@@ -111,6 +112,9 @@ class Connection(asyncio.Protocol):
         """Counted against the pool's limit; cleared when its slot is given up or passed on."""
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
+        self.listener: Callable[[], bool] | None = None
+        """Called with each arrival of body bytes while a wait is pending: True when it took care of
+        them (the waiter is not woken), False to wake it (``Response.listen``)."""
         self.deadline = Deadline(loop, self._expire)
         """The waits' deadline (``wait``), on one timer for every wait."""
         self.arrived = 0.0
@@ -120,6 +124,7 @@ class Connection(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
+        self.listener = None
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.trailers: list[tuple[bytes, bytes]] = []
@@ -197,16 +202,13 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.deadline.stop()
 
-    async def wait(self, timeout_s: float, head: bool = False) -> None:
-        """Until something happens on the connection, or ``timeout_s`` without anything (``head``:
-        while the response's head is awaited). The deadline moves with each wait, on one timer
-        (``deadline.Deadline``)."""
+    def wait(self, timeout_s: float, head: bool = False) -> asyncio.Future[None]:
+        """Resolved when something happens on the connection; fails after ``timeout_s`` without anything
+        (``head``: while the response's head is awaited). A future, awaited as it is: no coroutine per
+        wait. The deadline moves with each wait, on one timer (``deadline.Deadline``)."""
         waiter = self.waiter = self.loop.create_future()
         self.deadline.start(timeout_s, head)
-        try:
-            await waiter
-        finally:
-            self.waiter = None
+        return waiter
 
     def _expire(self) -> None:
         waiter = self.waiter
@@ -301,6 +303,12 @@ class Connection(asyncio.Protocol):
         if self.buffered > self.client.read_limit and not self.paused:
             self.paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
+        # The listener takes body bytes only while the body goes on: its end (or a failure) is the
+        # waiter's to see.
+        listener, waiter = self.listener, self.waiter
+        if listener is not None and waiter is not None and not waiter.done() and self.chunks and not self.done:
+            if listener():
+                return
         self._wake()
 
     def eof_received(self) -> bool | None:

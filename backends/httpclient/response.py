@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
 
 from backends.httpclient.connection import Connection, Pool
 from backends.httpclient.errors import ProtocolError
@@ -79,26 +80,55 @@ class Response:
 
     async def read_chunk(self) -> bytes:
         """The body bytes received since the last call, waiting for some if none are; ``b""`` at the end."""
+        while True:
+            data = self.take_chunk()
+            if data is not None:
+                return data
+            try:
+                await self.wait()
+            except BaseException:
+                self.close()
+                raise
+
+    def take_chunk(self) -> bytes | None:
+        """The body bytes received since the last call, without waiting: ``b""`` at the end, None when
+        none came yet (await ``wait``, then ask again). A failure closes the response."""
         conn = self._conn
         if conn is None:
             raise ProtocolError("the response was released")
         try:
-            while True:
-                if conn.chunks:
-                    data = conn.take()
-                    if data:
-                        return data
-                    continue  # compressed bytes that decoded to nothing yet
-                if conn.done:
-                    if conn.decoder is not None and not conn.decoder.eof:
-                        raise ProtocolError("the compressed body was cut short")
-                    return b""
-                if conn.error is not None:
-                    raise conn.error
-                await conn.wait(self._client.read_timeout_s)
+            while conn.chunks:
+                data = conn.take()
+                if data:
+                    return data
+                # compressed bytes that decoded to nothing yet
+            if conn.done:
+                if conn.decoder is not None and not conn.decoder.eof:
+                    raise ProtocolError("the compressed body was cut short")
+                return b""
+            if conn.error is not None:
+                raise conn.error
+            return None
         except BaseException:
             self.close()
             raise
+
+    def wait(self, listener: Callable[[], bool] | None = None) -> asyncio.Future[None]:
+        """Resolved when more of the body (or its end, or a failure) has arrived; fails with
+        ``ReadTimeout`` after the client's read timeout without any (the caller closes the response).
+        ``listener``: called first as body bytes arrive, in the connection's callback; when it says
+        True it has taken them (``take_chunk``) and the wait goes on, its deadline moved."""
+        conn = self._conn
+        if conn is None:
+            raise ProtocolError("the response was released")
+        conn.listener = listener
+        return conn.wait(self._client.read_timeout_s)
+
+    def waiting_on(self) -> None:
+        """A listener that took the bytes keeps the wait: its read deadline starts again."""
+        conn = self._conn
+        if conn is not None:
+            conn.deadline.start(self._client.read_timeout_s, False)
 
     async def read(self) -> bytes:
         """The rest of the body."""
@@ -112,11 +142,13 @@ class Response:
         and the server keeps the connection open, and is closed otherwise."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.listener = None
             self._client.release(conn)
 
     def close(self) -> None:
         """Done with this response and its connection: the server sees the connection close."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.listener = None
             conn.abort()
             self._client.release(conn)

@@ -135,15 +135,20 @@ def send_chunk(cycle: RequestResponseCycle, body: bytes, more: bool) -> bool:
     """A body message of a chunked response, as the cycle's ``send`` writes it, and the response's end
     when not ``more``; False, nothing done, when it is one for ``send`` (a paused transport waits for
     its drain there)."""
-    if cycle.disconnected or cycle.flow.write_paused or not cycle.chunked_encoding or cycle.response_complete:
-        return False
-    if not cycle.response_started or cycle.scope["method"] == "HEAD":
+    if not chunk_now(cycle):
         return False
     data = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
     cycle.transport.write(data if more else data + b"0\r\n\r\n")
     if not more:
         _complete(cycle)
     return True
+
+
+def chunk_now(cycle: RequestResponseCycle) -> bool:
+    """``send_chunk`` would write now (a chunked response under way, its transport not paused)."""
+    if cycle.disconnected or cycle.flow.write_paused or not cycle.chunked_encoding or cycle.response_complete:
+        return False
+    return cycle.response_started and cycle.scope["method"] != "HEAD"
 
 
 def _started(cycle: RequestResponseCycle, content: list[bytes], chunked: bool) -> None:

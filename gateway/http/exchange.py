@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Send
 
-from gateway.http.coalesce import cycle_of, send_chunk, send_whole, start_chunked
+from gateway.http.coalesce import chunk_now, cycle_of, send_chunk, send_whole, start_chunked
 from gateway.http.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
@@ -159,6 +159,17 @@ class Exchange:
         cycle = self._cycle
         if cycle is None or not send_chunk(cycle, data, True):
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    def stream_now(self, data: bytes) -> bool:
+        """``stream`` without awaiting: False, nothing written, when it could not write at once (then
+        ``stream``)."""
+        cycle = self._cycle
+        return cycle is not None and send_chunk(cycle, data, True)
+
+    def can_stream_now(self) -> bool:
+        """``stream_now`` would write."""
+        cycle = self._cycle
+        return cycle is not None and chunk_now(cycle)
 
     async def end_stream(self, last: bytes = b"") -> None:
         """The stream's end, with its ``last`` events: one write for both."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from backends.answer_stream import AnswerStream
 from backends.base import BackendError, Chunk
 from gateway.config import LimitsConfig
 from gateway.fleet.entry import Entry
@@ -220,6 +221,18 @@ async def _stream(
     in an error event; the client leaving (the write raises, or the task is cancelled) does not.
     ``keep``: returns the chunks of a stream that ran to its end (for the response cache)."""
     events = Events(answer, keep)
+    rest = committed.rest
+    if isinstance(rest, AnswerStream):  # chunks that arrive while it waits are written in the engine's callback
+
+        def pushed(chunk: Chunk) -> bool:
+            if not ex.can_stream_now():
+                return False
+            data = events.add(chunk)
+            if data is not None:
+                ex.stream_now(data)
+            return True
+
+        rest.push_to(pushed)
     result = "cancelled"
     failure: BackendError | None = None
     writing = False  # an exception while writing is the client's side: it goes on, counted as cancelled

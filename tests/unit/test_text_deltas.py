@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -21,7 +23,7 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.doors.openai_shapes import ResponseShape
 from gateway.doors.openai_surface import OpenAIAnswer
-from tests.fakes import factory, sse_engine
+from tests.fakes import factory, serve_in_thread, sse_engine
 
 VLLM_TEXT = (
     '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
@@ -174,14 +176,42 @@ async def _client_events(tmp_path: Path, pieces: list[bytes], asked: dict[str, A
     finally:
         await backend.aclose()
         server.close()
+    return _docs(b"".join(writes))
+
+
+def _docs(raw_stream: bytes) -> list[Any]:
     docs: list[Any] = []
-    for raw in b"".join(writes).split(b"\n\n"):
+    for raw in raw_stream.split(b"\n\n"):
         if raw.startswith(b"data: {"):
             doc = orjson.loads(raw[6:])
             docs.append({k: v for k, v in doc.items() if k not in ("id", "created", "system_fingerprint")})
         elif raw:
             docs.append(raw.decode())
     return docs
+
+
+def _served_events(tmp_path: Path, pieces: list[bytes], asked: dict[str, Any]) -> list[Any]:
+    """``_client_events`` through a real server (uvicorn, in a thread) from an engine that writes each
+    piece a few milliseconds apart: the engine's events arrive one per read, and the chunks are
+    written to the client in the engine connection's callback (``AnswerStream.push_to``)."""
+    loop = asyncio.new_event_loop()
+    engine = threading.Thread(target=loop.run_forever, daemon=True)
+    engine.start()
+    server, url = asyncio.run_coroutine_threadsafe(sse_engine(pieces, 0.003), loop).result(10)
+    try:
+        config = tmp_path / "served.yaml"
+        config.write_text(CONFIG)
+        backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m"))
+        app = create_app(load_config(config), factory({"b": backend}))
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stream": True, **asked}
+        with serve_in_thread(app) as base:
+            answer = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 200
+        return _docs(answer.content)
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        engine.join(10)
 
 
 @pytest.mark.parametrize("name", list(STREAMS))
@@ -192,6 +222,7 @@ def test_what_a_client_gets_does_not_depend_on_how_the_engine_bytes_arrived(tmp_
         f"{how} {seed}": asyncio.run(_client_events(tmp_path, _splits(body, events, how, seed), ASKED[name]))
         for how, seed in (("by event", 0), ("whole", 0), ("random", 1), ("random", 2))
     }
+    runs["served, paced"] = _served_events(tmp_path, _splits(body, events, "by event", 0), ASKED[name])
     reference = runs["by event 0"]
     texts = [d["choices"][0]["delta"].get("content") for d in reference if isinstance(d, dict) and d.get("choices")]
     assert len([t for t in texts if t]) >= 3  # the stream has text events to compare

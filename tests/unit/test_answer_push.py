@@ -1,0 +1,143 @@
+"""Chunks pushed to a reader in the engine connection's callback (``AnswerStream.push_to``): a stream
+paced by the engine's decoding gives most of its chunks to the sink while the reader's task stays
+parked, and the reader still gets exactly the chunks, in the order, and the failures, that it gets
+reading every chunk itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from backends.answer_stream import AnswerStream
+from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
+from backends.http_base import HttpSettings
+from backends.vllm import VLLMBackend
+from tests.fakes import sse_engine
+
+TEXTS = [f" tok{i}" for i in range(12)]
+
+
+def _event(choices: list[object], usage: dict[str, int] | None = None) -> bytes:
+    doc: dict[str, object] = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return b"data: " + orjson.dumps(doc | {"choices": choices} | ({"usage": usage} if usage else {})) + b"\n\n"
+
+
+def _text(text: str) -> bytes:
+    return _event([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
+
+
+END = [
+    _event([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]),
+    _event([], {"prompt_tokens": 2, "completion_tokens": 12, "total_tokens": 14}),
+    b"data: [DONE]\n\n",
+]
+STREAM = [_text(t) for t in TEXTS] + END
+ERROR = b'data: {"error":{"message":"engine fell over","type":"internal_error","code":500}}\n\n'
+
+
+async def _read(
+    pieces: list[bytes], sink: Callable[[Chunk], bool] | None, pace_s: float = 0.005, read_timeout_s: float = 30
+) -> tuple[list[tuple[str, Chunk]], BaseException | None]:
+    """Each chunk with where it came from (``sink`` or ``next``), and what the reading raised."""
+    server, url = await sse_engine(pieces, pace_s)
+    backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m", read_timeout_s=read_timeout_s))
+    got: list[tuple[str, Chunk]] = []
+    raised: BaseException | None = None
+    try:
+        request = GenerationRequest(request_id="r", model="m", messages=[{"role": "user", "content": "Hi"}])
+        stream = backend.generate(request)
+        assert isinstance(stream, AnswerStream)
+        if sink is not None:
+
+            def recorded(chunk: Chunk) -> bool:
+                if not sink(chunk):
+                    return False
+                got.append(("sink", chunk))
+                return True
+
+            stream.push_to(recorded)
+        try:
+            async for chunk in stream:
+                got.append(("next", chunk))
+        except Exception as exc:
+            raised = exc
+        finally:
+            await stream.aclose()
+    finally:
+        await backend.aclose()
+        server.close()
+    return got, raised
+
+
+def _texts(got: list[tuple[str, Chunk]]) -> list[str]:
+    return [c.text for _, c in got if c.text]
+
+
+def test_a_paced_stream_is_pushed_and_reads_as_it_would_be_read() -> None:
+    pulled, error = asyncio.run(_read(STREAM, None))
+    assert error is None and {how for how, _ in pulled} == {"next"}
+    pushed, error = asyncio.run(_read(STREAM, lambda chunk: True))
+    assert error is None
+    assert [c for _, c in pushed] == [c for _, c in pulled]
+    assert _texts(pushed) == TEXTS
+    # The first chunk is the reader's own (it is not yet waiting); of the rest, nearly all are pushed
+    assert len([how for how, _ in pushed if how == "sink"]) >= len(TEXTS) - 3, pushed
+
+
+def test_a_chunk_the_sink_declines_comes_from_the_reader_in_its_place() -> None:
+    seen: list[str] = []
+
+    def every_other(chunk: Chunk) -> bool:
+        seen.append(chunk.text)
+        return len(seen) % 2 == 0
+
+    got, error = asyncio.run(_read(STREAM, every_other))
+    assert error is None
+    assert _texts(got) == TEXTS
+    hows = {how for how, _ in got}
+    assert hows == {"sink", "next"}
+
+
+def test_what_the_sink_raises_comes_out_of_the_reader() -> None:
+    def failing(chunk: Chunk) -> bool:
+        if chunk.text == " tok4":
+            raise RuntimeError("the writer broke")
+        return True
+
+    got, error = asyncio.run(_read(STREAM, failing))
+    assert isinstance(error, RuntimeError) and str(error) == "the writer broke"
+    assert _texts(got) == TEXTS[:4]
+
+
+@pytest.mark.parametrize("push", [False, True])
+def test_an_error_event_while_pushing_fails_the_reader_after_what_came_before(push: bool) -> None:
+    got, error = asyncio.run(_read([_text(t) for t in TEXTS[:6]] + [ERROR], (lambda chunk: True) if push else None))
+    assert isinstance(error, BackendError), error
+    assert _texts(got) == TEXTS[:6]
+
+
+def test_a_pushed_stream_keeps_its_read_deadline_per_silence() -> None:
+    """Pushes move the read deadline: a stream longer than the read timeout, an event every tick,
+    is read whole; the engine's silence after some events times out."""
+    got, error = asyncio.run(_read(STREAM, lambda chunk: True, pace_s=0.05, read_timeout_s=0.3))
+    assert error is None and _texts(got) == TEXTS  # 16 events over 0.8 s, each within 0.3 s
+    stalled = [_text(t) for t in TEXTS[:3]] + [b": then silence\n\n"] * 2
+
+    async def hung() -> tuple[list[tuple[str, Chunk]], BaseException | None]:
+        return await _read(stalled, lambda chunk: True, pace_s=2.0, read_timeout_s=0.3)
+
+    got, error = asyncio.run(hung())
+    assert isinstance(error, BackendError) and error.kind is ErrorKind.TIMEOUT, error
+    assert _texts(got) == TEXTS[:1]
+
+
+def test_a_body_that_ends_without_done_ends_the_pushed_stream() -> None:
+    """An engine that never sends ``[DONE]``: the read that completes the body wakes the reader (a
+    sink that took it would leave the reader waiting for bytes that never come)."""
+    pieces = [_text(t) for t in TEXTS[:4]] + [END[0]]
+    got, error = asyncio.run(_read(pieces, lambda chunk: True, read_timeout_s=2))
+    assert error is None, error
+    assert _texts(got) == TEXTS[:4] and got[-1][1].finish_reason == "stop"
