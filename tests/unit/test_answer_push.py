@@ -6,7 +6,10 @@ reading every chunk itself."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 import pytest
@@ -15,7 +18,13 @@ from backends.answer_stream import AnswerStream
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
 from backends.http_base import HttpSettings
 from backends.vllm import VLLMBackend
-from tests.fakes import sse_engine
+from benchmarks.asgi import CONFIG
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.http import exchange
+from tests.compiled import interpreted_only
+from tests.fakes import factory, serve_in_thread, sse_engine
+from tests.polling import wait_until
 
 TEXTS = [f" tok{i}" for i in range(12)]
 
@@ -141,3 +150,72 @@ def test_a_body_that_ends_without_done_ends_the_pushed_stream() -> None:
     got, error = asyncio.run(_read(pieces, lambda chunk: True, read_timeout_s=2))
     assert error is None, error
     assert _texts(got) == TEXTS[:4] and got[-1][1].finish_reason == "stop"
+
+
+@interpreted_only(exchange, "counts the stream task's own writes by patching Exchange.stream")
+def test_a_client_that_reads_slowly_gets_every_event_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a client that stops reading, the gateway's writes pause: pushed chunks then go back to
+    the stream's task, which waits for the drain (counted), and pushing resumes after. Every event
+    arrives, in order, however the two took turns."""
+    by_task: list[int] = []
+    write = exchange.Exchange.stream
+
+    async def counted(self: exchange.Exchange, data: bytes) -> None:
+        by_task.append(len(data))
+        await write(self, data)
+
+    monkeypatch.setattr(exchange.Exchange, "stream", counted)
+    texts = [f" {i:04d}" + "x" * 8000 for i in range(1000)]  # 8 MB: more than the kernel's buffers hold
+    pieces = [_text(t) for t in texts] + END
+    loop = asyncio.new_event_loop()
+    engine = threading.Thread(target=loop.run_forever, daemon=True)
+    engine.start()
+    server, url = asyncio.run_coroutine_threadsafe(sse_engine(pieces), loop).result(10)
+    try:
+        config = tmp_path / "g.yaml"
+        config.write_text(CONFIG)
+        backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m"))
+        app = create_app(load_config(config), factory({"b": backend}))
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+        with serve_in_thread(app) as base:
+            host, port = base.removeprefix("http://").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+            sock.connect((host, int(port)))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            # Read nothing until the gateway's writes paused and the task wrote a chunk itself
+            wait_until(lambda: len(by_task) >= 2, timeout=30, message="the writes never paused")
+            received = b""
+            while data := sock.recv(1 << 20):
+                received += data
+            sock.close()
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        engine.join(10)
+    head, _, chunked = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    stream = _unchunked(chunked)
+    assert stream.endswith(b"data: [DONE]\n\n")
+    got = [
+        orjson.loads(raw[6:])["choices"][0]["delta"].get("content")
+        for raw in stream.split(b"\n\n")
+        if raw.startswith(b"data: {") and orjson.loads(raw[6:])["choices"]
+    ]
+    assert [t for t in got if t] == texts
+    assert len(by_task) < len(texts) / 2, len(by_task)  # and most were pushed
+
+
+def _unchunked(body: bytes) -> bytes:
+    out, rest = [], body
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out.append(rest[:n])
+        rest = rest[n + 2 :]
+    return b"".join(out)
