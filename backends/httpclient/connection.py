@@ -306,9 +306,9 @@ class Connection(asyncio.Protocol):
         # The listener takes body bytes only while the body goes on: its end (or a failure) is the
         # waiter's to see.
         listener, waiter = self.listener, self.waiter
-        if listener is not None and waiter is not None and not waiter.done() and self.chunks and not self.done:
-            if listener():
-                return
+        taking = waiter is not None and not waiter.done() and len(self.chunks) > 0 and not self.done
+        if taking and listener is not None and listener():
+            return
         self._wake()
 
     def eof_received(self) -> bool | None:
