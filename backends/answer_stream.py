@@ -180,8 +180,8 @@ class AnswerStream:
             self._pending, self._i = [], 0
             self._raised = exc
             return False
-        if i < len(pending) or self._state != _READING:
-            return False
+        if i < len(pending) or self._state != _READING or not batches.reading:
+            return False  # an error event's failure is the task's to raise, at once
         batches.wait_on()
         return True
 

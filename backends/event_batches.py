@@ -74,6 +74,11 @@ class EventBatches:
         return self._error is None and (self._ended or (self._done and self._response.complete))
 
     @property
+    def reading(self) -> bool:
+        """More events may come (the body has not ended, no error is waiting to be raised)."""
+        return not self._ended
+
+    @property
     def ended(self) -> bool:
         """The body has ended: ``next_batch`` has no more to give."""
         return self._ended and self._error is None

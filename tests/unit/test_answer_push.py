@@ -219,3 +219,40 @@ def _unchunked(body: bytes) -> bytes:
         out.append(rest[:n])
         rest = rest[n + 2 :]
     return b"".join(out)
+
+
+def test_an_error_event_is_raised_at_once_by_an_engine_that_then_hangs() -> None:
+    """The events that came before an error event in the same read are pushed; the error itself must
+    wake the reader then, not wait for bytes an engine that broke may never send (the read timeout
+    would then hide it)."""
+
+    async def scenario() -> BaseException | None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            for piece in [_text(t) for t in TEXTS[:2]] + [_text(TEXTS[2]) + ERROR]:  # a text and the error together
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                await asyncio.sleep(0.005)  # engine behaviour: a decoding pace
+            await asyncio.sleep(30)  # engine behaviour: then it hangs, the body never ended
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m", read_timeout_s=5))
+        request = GenerationRequest(request_id="r", model="m", messages=[{"role": "user", "content": "Hi"}])
+        stream = backend.generate(request)
+        assert isinstance(stream, AnswerStream)
+        stream.push_to(lambda chunk: True)
+        try:
+            async for _ in stream:
+                pass
+        except BackendError as exc:
+            return exc
+        finally:
+            await stream.aclose()
+            await backend.aclose()
+            server.close()
+        return None
+
+    error = asyncio.run(scenario())
+    assert isinstance(error, BackendError) and error.kind is not ErrorKind.TIMEOUT, error
