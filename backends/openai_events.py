@@ -6,7 +6,9 @@ text: vLLM's ``{"id":"chatcmpl-..","object":"chat.completion.chunk","created":..
 one such event was parsed, ``TextTemplate`` keeps what came before and after its text; a later event
 with the same bytes around a single JSON string is that event with another text, so only the string
 is parsed (``orjson``), not a document of three dicts. Anything else (another shape, another choice,
-the finish, usage, an engine that changes a field per event) is parsed whole, as before.
+the finish, usage, an engine that changes a field per event) is parsed whole, as before. A read that
+is one such event and nothing else (``data: ``, the event, a blank line: what a decode-paced engine
+writes for every token) is read as it came, without splitting it into lines or decoding it first.
 
 Written here rather than taken from a library: no JSON library reads "this document, but for one
 string" (orjson and the standard library parse whole documents; a streaming parser costs more per
@@ -58,12 +60,15 @@ def first_text(doc: dict[str, Any]) -> str | None:
 class TextTemplate:
     """The bytes around one stream's text deltas (see the module)."""
 
-    __slots__ = ("after", "before", "least")
+    __slots__ = ("after", "before", "least", "wire_after", "wire_before")
 
     def __init__(self, before: str, after: str) -> None:
         self.before = before
         self.after = after
         self.least = len(before) + len(after) + 2  # the shortest event it reads: an empty string
+        # The whole event as the network brings it when it comes alone (``data: `` and a blank line).
+        self.wire_before = b"data: " + before.encode()
+        self.wire_after = after.encode() + b"\n\n"
 
     @staticmethod
     def learn(data: str, doc: dict[str, Any], text: str) -> TextTemplate | None:
@@ -98,6 +103,22 @@ class TextTemplate:
             return None
         return text if type(text) is str and text else None
 
+    def read_wire(self, piece: bytes) -> str | None:
+        """The text of a read that is exactly one event of this template (``data: ``, the event, a
+        blank line: a decode-paced engine's every write); else None. The event is neither split into
+        lines nor decoded: only its string is parsed."""
+        before, after = self.wire_before, self.wire_after
+        if not piece.startswith(before) or not piece.endswith(after) or len(piece) < len(before) + len(after) + 2:
+            return None
+        middle = piece[len(before) : len(piece) - len(after)]
+        if middle[:1] != b'"' or b"\n" in middle:  # another shape, or more than one event
+            return None
+        try:
+            text = orjson.loads(middle)
+        except orjson.JSONDecodeError:  # more than one string, or bytes that are not UTF-8: parsed whole
+            return None
+        return text if type(text) is str and text else None
+
 
 class TextBatches(EventBatches):
     """``EventBatches`` of an OpenAI-compatible stream in which a delta of text alone of choice 0 comes
@@ -107,6 +128,14 @@ class TextBatches(EventBatches):
         super().__init__(source, response, clock, trust_status)
         self._template: TextTemplate | None = None
         self._learning = True  # one try per stream: an engine that does not fit costs one attempt
+
+    def _batch(self, piece: bytes) -> list[Any]:
+        template = self._template
+        if template is not None and not self._done and self._parser.idle():
+            text = template.read_wire(piece)
+            if text is not None:
+                return [text]
+        return super()._batch(piece)
 
     def _item(self, event: Event) -> Any:
         template = self._template

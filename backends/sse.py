@@ -61,6 +61,10 @@ class EventParser:
             # anything else: a comment (``:``) or a field this reader does not use
         return events
 
+    def idle(self) -> bool:
+        """Between events: no part of a line or an event is held, the next line starts afresh."""
+        return not self._partial and not self._data and self._field == "data"
+
     def close(self) -> list[Event]:
         """The stream ended: what is left, even without its blank line."""
         events = self.feed(b"\n") if self._partial else []

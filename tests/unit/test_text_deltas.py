@@ -65,6 +65,37 @@ def test_a_template_reads_nothing_else(event: str) -> None:
     assert template.read(event) is None
 
 
+def _wire(data: str) -> bytes:
+    return b"data: " + data.encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("text", [" hi", 'a "quoted" word', "é\n\tü 中文", "\\", "</s>", "\n\n"])
+def test_a_template_reads_a_read_of_one_event_without_parsing_it_whole(text: str) -> None:
+    template = _learned(VLLM_TEXT)
+    assert template is not None
+    assert template.read_wire(_wire(_with_text(VLLM_TEXT, text))) == text
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [
+        _wire(VLLM_TEXT) + _wire(VLLM_TEXT),  # two events in one read: the parser's
+        _wire(VLLM_TEXT)[:-1],  # the event's blank line not yet come
+        _wire(VLLM_TEXT).replace(b"\n", b"\r\n"),
+        _wire(VLLM_TEXT).replace(b"data: ", b"data:"),  # no space: the parser's
+        b": ping\n" + _wire(VLLM_TEXT),
+        _wire(VLLM_TEXT).replace(b"tok", b"\xff\xfe"),  # not UTF-8: decoded with replacements by the parser
+        _wire(VLLM_TEXT.replace('" tok"', '"a","x":"b"')),
+        _wire(_with_text(VLLM_TEXT, "")),
+        b"event: error\n" + _wire(VLLM_TEXT),
+    ],
+)
+def test_a_template_reads_no_other_read(piece: bytes) -> None:
+    template = _learned(VLLM_TEXT)
+    assert template is not None
+    assert template.read_wire(piece) is None
+
+
 def test_no_template_where_the_text_cannot_be_placed_for_sure() -> None:
     ascii_escaped = '{"choices": [{"index": 0, "delta": {"content": "\\u00e9"}}]}'  # Python's json.dumps
     assert _learned(ascii_escaped) is None
