@@ -137,18 +137,29 @@ def send_chunk(cycle: RequestResponseCycle, body: bytes, more: bool) -> bool:
     its drain there)."""
     if not chunk_now(cycle):
         return False
+    write_chunk(cycle, body, more)
+    return True
+
+
+def write_chunk(cycle: RequestResponseCycle, body: bytes, more: bool = True) -> None:
+    """What ``send_chunk`` writes, for a caller that has just been told ``chunk_now`` (nothing ran since)."""
     data = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
     cycle.transport.write(data if more else data + b"0\r\n\r\n")
     if not more:
         _complete(cycle)
-    return True
 
 
 def chunk_now(cycle: RequestResponseCycle) -> bool:
     """``send_chunk`` would write now (a chunked response under way, its transport not paused)."""
-    if cycle.disconnected or cycle.flow.write_paused or not cycle.chunked_encoding or cycle.response_complete:
+    if not chunk_open(cycle) or not cycle.chunked_encoding:
         return False
     return cycle.response_started and cycle.scope["method"] != "HEAD"
+
+
+def chunk_open(cycle: RequestResponseCycle) -> bool:
+    """What ``chunk_now`` asks of a response it once said True for: the rest cannot change until the
+    response is complete (a chunked response under way stays one)."""
+    return not (cycle.disconnected or cycle.flow.write_paused or cycle.response_complete)
 
 
 def _started(cycle: RequestResponseCycle, content: list[bytes], chunked: bool) -> None:

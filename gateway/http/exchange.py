@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Send
 
-from gateway.http.coalesce import chunk_now, cycle_of, send_chunk, send_whole, start_chunked
+from gateway.http.coalesce import chunk_now, chunk_open, cycle_of, send_chunk, send_whole, start_chunked, write_chunk
 from gateway.http.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
@@ -83,6 +83,7 @@ class Exchange:
         self._finished = False
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._chunked = False  # chunk_now said True: the response is chunked, under way
 
     def header(self, name: str, value: str) -> None:
         self.headers.append((name.encode("latin-1"), value.encode("latin-1")))
@@ -160,16 +161,23 @@ class Exchange:
         if cycle is None or not send_chunk(cycle, data, True):
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def stream_now(self, data: bytes) -> bool:
-        """``stream`` without awaiting: False, nothing written, when it could not write at once (then
-        ``stream``)."""
-        cycle = self._cycle
-        return cycle is not None and send_chunk(cycle, data, True)
-
     def can_stream_now(self) -> bool:
-        """``stream_now`` would write."""
+        """``stream_now`` would write. Asked for every event of a stream pushed from the engine's
+        callback: once it said True, only what can change mid-response is asked again."""
         cycle = self._cycle
-        return cycle is not None and chunk_now(cycle)
+        if cycle is None:
+            return False
+        if self._chunked:
+            return chunk_open(cycle)
+        chunked = self._chunked = chunk_now(cycle)
+        return chunked
+
+    def stream_now(self, data: bytes) -> None:
+        """``stream`` without awaiting, right after ``can_stream_now`` said True (nothing ran since)."""
+        cycle = self._cycle
+        if cycle is None:
+            raise RuntimeError("stream_now without can_stream_now")
+        write_chunk(cycle, data)
 
     async def end_stream(self, last: bytes = b"") -> None:
         """The stream's end, with its ``last`` events: one write for both."""
