@@ -32,7 +32,7 @@ class AnswerStream:
     ``aclose`` (leaving before the body's end closes the connection: how engines learn of a cancel)."""
 
     __slots__ = ("_answer", "_batches", "_engine", "_i", "_pending", "_raised", "_request", "_response", "_sink",
-                 "_state")  # fmt: skip
+                 "_state", "_texts")  # fmt: skip
 
     def __init__(self, engine: AnswerEngine, request: GenerationRequest) -> None:
         self._engine = engine
@@ -44,13 +44,18 @@ class AnswerStream:
         self._response: Response | None = None
         self._batches: TextBatches | None = None
         self._sink: Callable[[Chunk], bool] | None = None
+        self._texts: Callable[[list[str]], bool] | None = None
         self._raised: BaseException | None = None  # what the connection's callback met, for the task
 
-    def push_to(self, sink: Callable[[Chunk], bool]) -> None:
+    def push_to(self, sink: Callable[[Chunk], bool], texts: Callable[[list[str]], bool] | None = None) -> None:
         """Chunks that arrive while the reader waits in ``__anext__`` go to ``sink`` at once, in order,
         until it says False (that chunk, and the rest, then come from ``__anext__``). ``sink`` runs in
-        the connection's callback: it must not block, and what it raises comes out of ``__anext__``."""
+        the connection's callback: it must not block, and what it raises comes out of ``__anext__``.
+        ``texts``: takes a read of deltas of text alone of choice 0 (most reads of a decode-paced
+        stream) as their texts, without a ``Chunk`` (on the same terms; when it says False, the chunk
+        ``sink`` would have had comes from ``__anext__``)."""
         self._sink = sink
+        self._texts = texts
 
     def __aiter__(self) -> AnswerStream:
         return self
@@ -148,10 +153,12 @@ class AnswerStream:
         return None
 
     def _took(self, batches: TextBatches, batch: list[object]) -> None:
-        answer = self._answer
         over = batches.over  # the end is in hand: the batch's chunks go out with the answer's last ones
-        self._pending, self._i = answer.read(batch, over), 0
-        if over or (not self._engine.ask_usage and answer.finished()):
+        self._pending, self._i = self._answer.read(batch, over), 0
+        self._ending(over)
+
+    def _ending(self, over: bool) -> None:
+        if over or (not self._engine.ask_usage and self._answer.finished()):
             self._release()  # read whole, or nothing more worth reading: closing also stops the engine
             self._state = _ENDING
 
@@ -169,10 +176,15 @@ class AnswerStream:
                     return False
                 batches.wait_on()  # part of an event: wait for the rest
                 return True
-            self._took(batches, batch)
-            pending, i = self._pending, 0
-            while i < len(pending) and sink(pending[i]):
-                i += 1
+            texts = None if self._texts is None or batches.over else self._answer.texts(batch)
+            if texts is not None:
+                self._pending, i = self._pushed_texts(texts), 0
+                pending = self._pending
+            else:
+                self._took(batches, batch)
+                pending, i = self._pending, 0
+                while i < len(pending) and sink(pending[i]):
+                    i += 1
             self._i = i
         except BaseException as exc:  # raised by the task, where the reader expects it
             self._release()
@@ -184,6 +196,15 @@ class AnswerStream:
             return False  # an error event's failure is the task's to raise, at once
         batches.wait_on()
         return True
+
+    def _pushed_texts(self, texts: list[str]) -> list[Chunk]:
+        """A read of text alone given to the ``texts`` sink: what is left for the task (the chunk, when
+        the sink declined it)."""
+        self._ending(False)
+        taker = self._texts
+        if texts and taker is not None and not taker(texts):
+            return [self._answer.text_chunk(texts)]
+        return []
 
     def _failure(self, exc: BaseException) -> BaseException:
         """What a failed wait for the engine's bytes raises; the response is closed."""

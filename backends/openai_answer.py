@@ -112,6 +112,32 @@ class Answer:
         last = len(out) - (0 if ending else 1)
         return [p.chunk(i < last) for i, p in enumerate(out)]
 
+    def texts(self, batch: list[Any]) -> list[str] | None:
+        """``read`` of a batch of deltas of text alone of choice 0 (``str``s, as ``TextBatches`` reads
+        them) that does not end the answer, as the texts the client gets (stop strings cut; the chunk
+        ``read`` would make of them: ``text_chunk``); None, nothing read, for any other batch."""
+        for doc in batch:
+            if type(doc) is not str:
+                return None
+        state = _state(self.states, 0, self.stop_texts)
+        stops = state.stops
+        out: list[str] = []
+        for doc in batch:
+            if stops.stopped:  # what arrived after the stop is not the answer
+                break
+            state.pieces += 1
+            text = stops.feed(doc)
+            if text:
+                out.append(text)
+        return out
+
+    @staticmethod
+    def text_chunk(texts: list[str]) -> Chunk:
+        """The chunk ``read`` makes of a batch that ``texts`` read as ``texts`` (not empty)."""
+        if len(texts) == 1:
+            return Chunk(texts[0], None, None, False, 0, (), ())
+        return Chunk("".join(texts), None, None, False, 0, (), (), None, tuple(texts))
+
     def finished(self) -> bool:
         """Every choice has its finish reason (or was cut at a stop)."""
         states = self.states

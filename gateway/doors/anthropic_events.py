@@ -117,6 +117,9 @@ class AnthropicAnswer:
         usage = total.usage
         return self._message([self._content(b) for b in blocks], self._stop_reason(), usage), usage
 
+    def text_events(self) -> None:
+        return None  # every delta is a block's event, written from its chunk
+
     def opening(self) -> list[bytes]:
         return [_sse("message_start", {"message": self._message([], None, None)})]
 

@@ -214,6 +214,14 @@ class ResponseShape:
         before, after = parts
         return b"".join([before + orjson.dumps(text) + after for text in texts])
 
+    def text_list(self, texts: list[str]) -> bytes:
+        """``text_events`` of choice 0 where its template is known to be there (``text_event`` said so)."""
+        parts = self._text_events[0]
+        if parts is None:
+            raise RuntimeError("no text template")
+        before, after = parts
+        return b"".join([before + orjson.dumps(text) + after for text in texts])
+
     def _text_template(self, index: int) -> tuple[bytes, bytes] | None:
         """Choice ``index``'s text event as the bytes before and after its text, cut once per choice."""
         events = self._text_events

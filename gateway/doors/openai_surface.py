@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from backends.base import Chunk, Usage, one_by_one, pieces_of
@@ -47,6 +48,12 @@ class OpenAIAnswer:
                 return data
         doc = shape.delta(chunk)
         return None if doc is None else event(doc)
+
+    def text_events(self) -> Callable[[list[str]], bytes] | None:
+        shape = self.shape
+        if not shape.chat or shape.text_event(0, "") is None:
+            return None
+        return shape.text_list
 
     def closing(self, usage: Usage | None) -> bytes:
         if self.shape.include_usage:

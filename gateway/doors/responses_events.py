@@ -128,6 +128,9 @@ class ResponsesAnswer:
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(doc) + b"\n\n"
 
+    def text_events(self) -> None:
+        return None  # every delta is a block's event, written from its chunk
+
     def opening(self) -> list[bytes]:
         snapshot = self._response("in_progress", output=False)
         return [

@@ -232,7 +232,13 @@ async def _stream(
                 ex.stream_now(data)
             return True
 
-        rest.push_to(pushed)
+        def pushed_texts(texts: list[str]) -> bool:
+            if not ex.can_stream_now():
+                return False
+            ex.stream_now(events.texts(texts))
+            return True
+
+        rest.push_to(pushed, None if events.text_events is None else pushed_texts)
     result = "cancelled"
     failure: BackendError | None = None
     writing = False  # an exception while writing is the client's side: it goes on, counted as cancelled

@@ -148,6 +148,9 @@ class _Listening:
         self._heard.add(chunk)
         return self._answer.chunk(chunk)
 
+    def text_events(self) -> None:
+        return None  # every chunk is heard
+
     def closing(self, usage: Usage | None) -> bytes:
         return self._answer.closing(usage)
 

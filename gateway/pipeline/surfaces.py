@@ -17,7 +17,7 @@ A ``Door`` or ``Surface`` is stateless and shared; ``Work`` and an ``Answer`` be
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,6 +59,12 @@ class Answer(Protocol):
     def chunk(self, chunk: Chunk) -> bytes | None:
         """The stream event(s) of one chunk, or None when it carries nothing to send; a chunk of several
         text ``pieces`` is one text event per piece, as the engine sent them (``backends.base.one_by_one``)."""
+        ...
+
+    def text_events(self) -> Callable[[list[str]], bytes] | None:
+        """A writer of the events of deltas of text alone of choice 0 (one event per text), written
+        from the texts without a ``Chunk`` (most of a decode-paced stream's reads are one such delta);
+        None where the surface writes every event from its chunk (``chunk`` then)."""
         ...
 
     def closing(self, usage: Usage | None) -> bytes:

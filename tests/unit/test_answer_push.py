@@ -17,6 +17,7 @@ import pytest
 from backends.answer_stream import AnswerStream
 from backends.base import BackendError, Chunk, ErrorKind, GenerationRequest
 from backends.http_base import HttpSettings
+from backends.openai_answer import Answer
 from backends.vllm import VLLMBackend
 from benchmarks.asgi import CONFIG
 from gateway.app import create_app
@@ -48,15 +49,23 @@ ERROR = b'data: {"error":{"message":"engine fell over","type":"internal_error","
 
 
 async def _read(
-    pieces: list[bytes], sink: Callable[[Chunk], bool] | None, pace_s: float = 0.005, read_timeout_s: float = 30
+    pieces: list[bytes],
+    sink: Callable[[Chunk], bool] | None,
+    pace_s: float = 0.005,
+    read_timeout_s: float = 30,
+    texts: Callable[[list[str]], bool] | None = None,
+    stop: list[str] | None = None,
 ) -> tuple[list[tuple[str, Chunk]], BaseException | None]:
-    """Each chunk with where it came from (``sink`` or ``next``), and what the reading raised."""
+    """Each chunk with where it came from (``sink``, ``texts`` as the chunk of its texts, or ``next``),
+    and what the reading raised."""
     server, url = await sse_engine(pieces, pace_s)
     backend = VLLMBackend("b", "m", HttpSettings(url=url, served_model="m", read_timeout_s=read_timeout_s))
     got: list[tuple[str, Chunk]] = []
     raised: BaseException | None = None
     try:
-        request = GenerationRequest(request_id="r", model="m", messages=[{"role": "user", "content": "Hi"}])
+        request = GenerationRequest(
+            request_id="r", model="m", messages=[{"role": "user", "content": "Hi"}], stop=tuple(stop or ())
+        )
         stream = backend.generate(request)
         assert isinstance(stream, AnswerStream)
         if sink is not None:
@@ -67,7 +76,13 @@ async def _read(
                 got.append(("sink", chunk))
                 return True
 
-            stream.push_to(recorded)
+            def recorded_texts(given: list[str]) -> bool:
+                if texts is None or not texts(given):
+                    return False
+                got.append(("texts", Answer.text_chunk(given)))
+                return True
+
+            stream.push_to(recorded, None if texts is None else recorded_texts)
         try:
             async for chunk in stream:
                 got.append(("next", chunk))
@@ -94,6 +109,51 @@ def test_a_paced_stream_is_pushed_and_reads_as_it_would_be_read() -> None:
     assert _texts(pushed) == TEXTS
     # The first chunk is the reader's own (it is not yet waiting); of the rest, nearly all are pushed
     assert len([how for how, _ in pushed if how == "sink"]) >= len(TEXTS) - 3, pushed
+
+
+def test_reads_of_text_alone_go_to_the_texts_sink_as_the_chunks_they_would_be() -> None:
+    pulled, error = asyncio.run(_read(STREAM, None))
+    assert error is None
+    pushed, error = asyncio.run(_read(STREAM, lambda chunk: True, texts=lambda texts: True))
+    assert error is None
+    assert [c for _, c in pushed] == [c for _, c in pulled]
+    # Each paced text is a read of its own: nearly all go as texts; the finish and usage as chunks
+    assert len([how for how, _ in pushed if how == "texts"]) >= len(TEXTS) - 3, pushed
+    assert {how for how, c in pushed if c.finish_reason is not None} == {"next"}
+
+
+def test_texts_the_sink_declines_come_from_the_reader_as_their_chunk() -> None:
+    calls: list[list[str]] = []
+
+    def every_other(texts: list[str]) -> bool:
+        calls.append(texts)
+        return len(calls) % 2 == 0
+
+    pulled, _ = asyncio.run(_read(STREAM, None))
+    got, error = asyncio.run(_read(STREAM, lambda chunk: True, texts=every_other))
+    assert error is None
+    assert [c for _, c in got] == [c for _, c in pulled]
+    assert {how for how, _ in got} >= {"texts", "next"}
+
+
+def test_texts_stop_at_a_stop_string_as_chunks_do() -> None:
+    pulled, error = asyncio.run(_read(STREAM, None, stop=[" tok5"]))
+    assert error is None and _texts(pulled) == TEXTS[:5]
+    pushed, error = asyncio.run(_read(STREAM, lambda chunk: True, texts=lambda texts: True, stop=[" tok5"]))
+    assert error is None
+    assert [c for _, c in pushed] == [c for _, c in pulled]
+    assert pushed[-1][1].finish_reason == "stop" and pushed[-1][1].stop_sequence == " tok5"
+
+
+def test_what_the_texts_sink_raises_comes_out_of_the_reader() -> None:
+    def failing(texts: list[str]) -> bool:
+        if " tok4" in texts:
+            raise RuntimeError("the writer broke")
+        return True
+
+    got, error = asyncio.run(_read(STREAM, lambda chunk: True, texts=failing))
+    assert isinstance(error, RuntimeError) and str(error) == "the writer broke"
+    assert " tok4" not in _texts(got)
 
 
 def test_a_chunk_the_sink_declines_comes_from_the_reader_in_its_place() -> None:

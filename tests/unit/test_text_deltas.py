@@ -16,6 +16,7 @@ import pytest
 
 from backends.base import Chunk, one_by_one, pieces_of
 from backends.http_base import HttpSettings
+from backends.openai_answer import Answer
 from backends.openai_events import TextTemplate, first_text
 from backends.vllm import VLLMBackend
 from benchmarks.asgi import CONFIG, post, started
@@ -23,6 +24,7 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.doors.openai_shapes import ResponseShape
 from gateway.doors.openai_surface import OpenAIAnswer
+from gateway.pipeline.events import Events
 from tests.fakes import factory, serve_in_thread, sse_engine
 
 VLLM_TEXT = (
@@ -126,6 +128,25 @@ def test_pieces_are_written_one_event_each_whatever_else_the_chunk_carries(chat:
     texts = [(c["delta"].get("content") if chat else c["text"]) for e in events for c in e["choices"] if key in c]
     assert texts == ["a", "b", "c"]
     assert [c["finish_reason"] for e in events for c in e["choices"]] == [None, None, "stop"]
+
+
+@pytest.mark.parametrize("texts", [[" a"], [" a", 'b "c"', "é"]])
+def test_texts_are_written_as_the_chunk_of_them_is(texts: list[str]) -> None:
+    """``Events.texts`` (a pushed read of text alone) writes what ``Events.add`` writes for the chunk
+    ``Answer.read`` makes of the same read: the stream's opening first, then each event."""
+    by_chunk = Events(OpenAIAnswer(ResponseShape(True, "r", "m", False, 1)))
+    by_texts = Events(OpenAIAnswer(ResponseShape(True, "r", "m", False, 1)))
+    assert by_texts.text_events is not None
+    for _ in range(2):  # with the opening held, then without
+        assert by_texts.texts(texts) == by_chunk.add(Answer.text_chunk(texts))
+
+
+def test_only_a_chat_stream_without_a_cache_or_a_listener_writes_texts() -> None:
+    assert Events(OpenAIAnswer(ResponseShape(False, "r", "m", False, 1))).text_events is None  # completions
+    assert Events(OpenAIAnswer(ResponseShape(True, "r", "m", False, 1)), keep=True).text_events is None
+    holed = ResponseShape(True, "r", "\x00enginegate-text\x00", False, 1)  # no template can be cut
+    assert Events(OpenAIAnswer(holed)).text_events is None
+    assert Events(OpenAIAnswer(ResponseShape(True, "r", "m", False, 1))).text_events is not None
 
 
 def _event(doc: dict[str, Any]) -> bytes:
