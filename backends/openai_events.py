@@ -6,9 +6,10 @@ text: vLLM's ``{"id":"chatcmpl-..","object":"chat.completion.chunk","created":..
 one such event was parsed, ``TextTemplate`` keeps what came before and after its text; a later event
 with the same bytes around a single JSON string is that event with another text, so only the string
 is parsed (``orjson``), not a document of three dicts. Anything else (another shape, another choice,
-the finish, usage, an engine that changes a field per event) is parsed whole, as before. A read that
-is one such event and nothing else (``data: ``, the event, a blank line: what a decode-paced engine
-writes for every token) is read as it came, without splitting it into lines or decoding it first.
+the finish, usage, an engine that changes a field per event) is parsed whole, as before. Such an
+event as the wire brings it (``data: ``, the event, a blank line: what an engine writes per token,
+alone in a read when decode-paced, a run of them in one read when they came in a burst) is read from
+the read's bytes, without splitting them into lines or decoding them first (``EventBatches._scan``).
 
 Written here rather than taken from a library: no JSON library reads "this document, but for one
 string" (orjson and the standard library parse whole documents; a streaming parser costs more per
@@ -66,9 +67,11 @@ class TextTemplate:
         self.before = before
         self.after = after
         self.least = len(before) + len(after) + 2  # the shortest event it reads: an empty string
-        # The whole event as the network brings it when it comes alone (``data: `` and a blank line).
-        self.wire_before = b"data: " + before.encode()
-        self.wire_after = after.encode() + b"\n\n"
+        # The event's line as the network brings it (``data: ``, without its line break); none (b"") where the
+        # event's data spans lines, which the wire would not show as they are here.
+        wire = "\n" not in before and "\n" not in after
+        self.wire_before = b"data: " + before.encode() if wire else b""
+        self.wire_after = after.encode() if wire else b""
 
     @staticmethod
     def learn(data: str, doc: dict[str, Any], text: str) -> TextTemplate | None:
@@ -103,21 +106,26 @@ class TextTemplate:
             return None
         return text if type(text) is str and text else None
 
-    def read_wire(self, piece: bytes) -> str | None:
-        """The text of a read that is exactly one event of this template (``data: ``, the event, a
-        blank line: a decode-paced engine's every write); else None. The event is neither split into
-        lines nor decoded: only its string is parsed."""
+    def read_event(self, line: bytes, texts: list[Any]) -> bool:
+        """Whether the event of one line ``line`` (as the wire brings it, without its line break) is this
+        template around one JSON string (not empty), its text then added to ``texts``. The event is not
+        decoded: only its string is parsed."""
         before, after = self.wire_before, self.wire_after
-        if not piece.startswith(before) or not piece.endswith(after) or len(piece) < len(before) + len(after) + 2:
-            return None
-        middle = piece[len(before) : len(piece) - len(after)]
-        if middle[:1] != b'"' or b"\n" in middle:  # another shape, or more than one event
-            return None
+        if not before or len(line) < len(before) + len(after) + 2 or not line.startswith(before):
+            return False
+        if not line.endswith(after):
+            return False
+        middle = line[len(before) : len(line) - len(after)]
+        if middle[0] != 34:  # a quote
+            return False
         try:
             text = orjson.loads(middle)
         except orjson.JSONDecodeError:  # more than one string, or bytes that are not UTF-8: parsed whole
-            return None
-        return text if type(text) is str and text else None
+            return False
+        if type(text) is not str or not text:
+            return False
+        texts.append(text)
+        return True
 
 
 class TextBatches(EventBatches):
@@ -129,13 +137,9 @@ class TextBatches(EventBatches):
         self._template: TextTemplate | None = None
         self._learning = True  # one try per stream: an engine that does not fit costs one attempt
 
-    def _batch(self, piece: bytes) -> list[Any]:
+    def _wire_item(self, line: bytes, batch: list[Any]) -> bool:
         template = self._template
-        if template is not None and not self._done and self._parser.idle():
-            text = template.read_wire(piece)
-            if text is not None:
-                return [text]
-        return super()._batch(piece)
+        return template is not None and template.read_event(line, batch)
 
     def _item(self, event: Event) -> Any:
         template = self._template

@@ -32,6 +32,12 @@ class Event:
         return f"Event({self.data!r}, {self.field!r})"
 
 
+def lone_data(line: bytes) -> bool:
+    """``line`` (without its ``\\n``), followed by a blank line, is an event of one ``data: `` line: what
+    most engines write for every event, read without the parser (``EventBatches._scan``)."""
+    return line.startswith(b"data: ") and not line.endswith(b"\r")
+
+
 class EventParser:
     """Feed bytes, get the events they complete."""
 

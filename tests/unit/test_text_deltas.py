@@ -71,17 +71,27 @@ def _wire(data: str) -> bytes:
     return b"data: " + data.encode() + b"\n\n"
 
 
+def _read_wire(template: TextTemplate, piece: bytes) -> str | None:
+    """The text of ``piece`` read by ``template`` from its bytes when it is one event of one line, as
+    ``EventBatches._scan`` gives it one."""
+    lines = piece.split(b"\n")
+    texts: list[str] = []
+    if len(lines) != 3 or lines[1] or lines[2] or not template.read_event(lines[0], texts):
+        assert not texts
+        return None
+    return texts[0]
+
+
 @pytest.mark.parametrize("text", [" hi", 'a "quoted" word', "é\n\tü 中文", "\\", "</s>", "\n\n"])
 def test_a_template_reads_a_read_of_one_event_without_parsing_it_whole(text: str) -> None:
     template = _learned(VLLM_TEXT)
     assert template is not None
-    assert template.read_wire(_wire(_with_text(VLLM_TEXT, text))) == text
+    assert _read_wire(template, _wire(_with_text(VLLM_TEXT, text))) == text
 
 
 @pytest.mark.parametrize(
     "piece",
     [
-        _wire(VLLM_TEXT) + _wire(VLLM_TEXT),  # two events in one read: the parser's
         _wire(VLLM_TEXT)[:-1],  # the event's blank line not yet come
         _wire(VLLM_TEXT).replace(b"\n", b"\r\n"),
         _wire(VLLM_TEXT).replace(b"data: ", b"data:"),  # no space: the parser's
@@ -90,12 +100,34 @@ def test_a_template_reads_a_read_of_one_event_without_parsing_it_whole(text: str
         _wire(VLLM_TEXT.replace('" tok"', '"a","x":"b"')),
         _wire(_with_text(VLLM_TEXT, "")),
         b"event: error\n" + _wire(VLLM_TEXT),
+        _wire(VLLM_TEXT.replace(',"choices"', '\ndata: ,"choices"')),  # two lines of data
     ],
 )
 def test_a_template_reads_no_other_read(piece: bytes) -> None:
     template = _learned(VLLM_TEXT)
     assert template is not None
-    assert template.read_wire(piece) is None
+    assert _read_wire(template, piece) is None
+
+
+def test_a_template_reads_a_run_of_its_events_in_one_read_and_stops_at_anything_else() -> None:
+    template = _learned(VLLM_TEXT)
+    assert template is not None
+    texts = ["a", "b\n\n", ' "c"', "é"]
+    run = b"".join(_wire(_with_text(VLLM_TEXT, t)) for t in texts)
+    finish = _wire(VLLM_TEXT.replace('"finish_reason":null', '"finish_reason":"stop"'))
+    for rest in (finish + _wire(VLLM_TEXT), b"data: [DONE]\n\n", b"x"):
+        got: list[str] = []
+        for line in (run + rest).split(b"\n")[::2]:
+            if not template.read_event(line, got):
+                break
+        assert got == texts, rest
+
+
+def test_no_wire_reading_for_a_template_whose_event_spans_lines() -> None:
+    """Data of two lines is joined with a line break that the wire does not show where it is."""
+    template = _learned(VLLM_TEXT.replace(',"choices"', '\n,"choices"'))
+    assert template is not None and template.read(_with_text(VLLM_TEXT, "x").replace(',"choices"', '\n,"choices"'))
+    assert not template.read_event(_wire(VLLM_TEXT.replace(',"choices"', '\n,"choices"')).split(b"\n")[0], [])
 
 
 def test_no_template_where_the_text_cannot_be_placed_for_sure() -> None:
@@ -190,10 +222,13 @@ STREAMS = {
     + [_chunk([_delta(t)]) for t in TEXTS[3:]] + [_chunk([_delta(None, finish="stop")], USAGE)],
     "an error after texts": [_chunk([_delta(t)]) for t in TEXTS[:4]]
     + [b'data: {"error":{"message":"engine fell over","type":"internal_error","code":500}}\n\n'],
+    "a text event cut by a line without data: (not JSON)": [_chunk([_delta(t)]) for t in TEXTS[:4]]
+    + [_chunk([_delta(" cut")]).replace(b'" cut"', b'" cut"\n')],
 }  # fmt: skip
 ASKED: dict[str, dict[str, Any]] = {
     "comments, fields and lines the parser reads": {},
     "an error after texts": {},
+    "a text event cut by a line without data: (not JSON)": {},
     "text": {},
     "stop string across events": {"stop": ["STOP"]},
     "two choices interleaved": {"n": 2},
