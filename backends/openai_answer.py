@@ -120,13 +120,9 @@ class Answer:
             if type(doc) is not str:
                 return None
         state = _state(self.states, 0, self.stop_texts)
-        stops = state.stops
         out: list[str] = []
         for doc in batch:
-            if stops.stopped:  # what arrived after the stop is not the answer
-                break
-            state.pieces += 1
-            text = stops.feed(doc)
+            text = _fed(state, doc)
             if text:
                 out.append(text)
         return out
@@ -211,17 +207,22 @@ def _state(states: dict[int, _ChoiceState], index: int, stop_texts: tuple[str, .
     return state
 
 
+def _fed(state: _ChoiceState, text: str) -> str:
+    """What goes to the client of a delta of text alone of ``state``'s choice, the delta counted: its stop
+    strings cut; "" when nothing does (after the stop, or held in case a stop string begins there)."""
+    stops = state.stops
+    if stops.stopped:  # what arrived after the stop is not the answer
+        return ""
+    state.pieces += 1
+    return stops.feed(text)
+
+
 def _add_text(
     out: list[_Piece], states: dict[int, _ChoiceState], index: int, text: str, stop_texts: tuple[str, ...]
 ) -> None:
     """A delta of text alone, its stop strings cut, into its choice's state and ``out``: with the delta
     before when that was text alone of the same choice."""
-    state = _state(states, index, stop_texts)
-    stops = state.stops
-    if stops.stopped:  # what arrived after the stop is not the answer
-        return
-    state.pieces += 1
-    text = stops.feed(text)
+    text = _fed(_state(states, index, stop_texts), text)
     if not text:
         return
     if out:

@@ -82,6 +82,12 @@ def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]
     }
 
 
+def _rendered(parts: tuple[bytes, bytes], texts: tuple[str, ...] | list[str]) -> bytes:
+    """The text events of ``texts`` from a choice's template (the bytes before and after its text)."""
+    before, after = parts
+    return b"".join([before + orjson.dumps(text) + after for text in texts])
+
+
 def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
     if d.id is not None or d.name is not None:  # a call's first piece names it
         return {
@@ -209,18 +215,14 @@ class ResponseShape:
     def text_events(self, index: int, texts: tuple[str, ...]) -> bytes | None:
         """``text_event`` of each of ``texts``, in one piece of bytes."""
         parts = self._text_template(index)
-        if parts is None:
-            return None
-        before, after = parts
-        return b"".join([before + orjson.dumps(text) + after for text in texts])
+        return None if parts is None else _rendered(parts, texts)
 
     def text_list(self, texts: list[str]) -> bytes:
         """``text_events`` of choice 0 where its template is known to be there (``text_event`` said so)."""
         parts = self._text_events[0]
         if parts is None:
             raise RuntimeError("no text template")
-        before, after = parts
-        return b"".join([before + orjson.dumps(text) + after for text in texts])
+        return _rendered(parts, texts)
 
     def _text_template(self, index: int) -> tuple[bytes, bytes] | None:
         """Choice ``index``'s text event as the bytes before and after its text, cut once per choice."""
