@@ -24,7 +24,7 @@ class EngineClock:
     waited_s: float = 0.0
 
 
-@value
+@value(frozen=True)
 class GenerationRequest:
     """What to generate, independent of any engine's wire format.
 
@@ -94,7 +94,7 @@ class GenerationRequest:
         return self.temperature == 0.0
 
 
-@value
+@value(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -116,7 +116,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@value
+@value(frozen=True)
 class ToolCallDelta:
     """A piece of one tool call, as OpenAI streams them: ``id`` and ``name`` on a call's first piece,
     then fragments of its JSON ``arguments``; ``index`` is the call's place in the answer's list."""
@@ -127,14 +127,14 @@ class ToolCallDelta:
     arguments: str = ""
 
 
-@value
+@value(frozen=True)
 class TopLogprob:
     token: str
     logprob: float
     bytes: tuple[int, ...] | None = None
 
 
-@value
+@value(frozen=True)
 class TokenLogprob:
     """One generated token's log probability and the most likely alternatives at its place."""
 
@@ -144,7 +144,7 @@ class TokenLogprob:
     top: tuple[TopLogprob, ...] = ()
 
 
-@value
+@value(frozen=True)
 class Chunk:
     """A piece of the answer: text, and on the last chunk the finish reason and usage.
 

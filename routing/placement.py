@@ -140,7 +140,7 @@ def budget_term(ratio: float | None, e2e: float, fastest_e2e: float, closest_mis
     return 0.5 * closest_miss / ratio
 
 
-@value
+@value(frozen=True)
 class Scored:
     """The candidates with their scores, and whether the request is hopeless everywhere."""
 

@@ -112,7 +112,7 @@ def with_rule_defaults(f: RequestFeatures, rule: Rule | None) -> RequestFeatures
     )
 
 
-@value
+@value(frozen=True)
 class _Plan:
     """What the matched rule (or the defaults) settles for one request."""
 

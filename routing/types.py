@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from routing.prefix import PrefixIndex
 
 
-@value
+@value(frozen=True)
 class RequestFeatures:
     model: str
     prompt_tokens: int
@@ -125,7 +125,7 @@ class Breaker(enum.Enum):
     OPEN = "open"
 
 
-@value
+@value(frozen=True)
 class Observed:
     """What traffic taught about one backend: smoothed TTFT error and time per output token."""
 
@@ -138,7 +138,7 @@ class Observed:
     own lengths are unknown), where an assumed 256 made a 20-token workload look 13 times slower."""
 
 
-@value
+@value(frozen=True)
 class BackendState:
     """One backend as routing sees it now."""
 
@@ -170,7 +170,7 @@ class BackendState:
         return self.profile.name
 
 
-@value
+@value(frozen=True)
 class FleetSnapshot:
     backends: tuple[BackendState, ...]
     models: dict[str, ModelSpec] = field(default_factory=dict)
@@ -288,7 +288,7 @@ class Reason(enum.Enum):
     """Every backend that could serve would queue the request past the admission limit: shed (503)."""
 
 
-@value
+@value(frozen=True)
 class Prediction:
     ttft_ms: float
     tpot_ms: float
@@ -303,7 +303,7 @@ class Prediction:
     """Prompt tokens expected in the backend's prefix cache: its prefill skips them."""
 
 
-@value
+@value(frozen=True)
 class Candidate:
     backend: str
     score: float
@@ -326,7 +326,7 @@ class Candidate:
     """This request would take it over its bound (while another backend stays within its own)."""
 
 
-@value
+@value(frozen=True)
 class Decision:
     """Ranked candidates (best first), why, what was left out and the rule that shaped it."""
 

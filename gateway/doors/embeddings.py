@@ -113,7 +113,7 @@ def document(body: EmbeddingsBody, model: str, result: EmbedResult, matryoshka: 
     return {"object": "list", "data": data, "model": model, "usage": usage}
 
 
-@value(kw_only=True)
+@value(frozen=True, kw_only=True)
 class Embedded(Chunk):
     """An embedding's answer as dispatch carries it: one finished chunk with the vectors."""
 

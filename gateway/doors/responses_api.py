@@ -204,7 +204,7 @@ def _described(body: ResponsesBody) -> dict[str, Any]:
     return out
 
 
-@value
+@value(frozen=True)
 class AskedResponse(Asked):
     echo: dict[str, Any] = field(default_factory=dict)
     """The request's settings the Response object repeats."""

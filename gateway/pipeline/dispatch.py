@@ -100,7 +100,7 @@ def answers_whole(backend: Backend, request: GenerationRequest) -> bool:
     return isinstance(backend, WholeAnswers) and backend.answers_whole(request)
 
 
-@value
+@value(frozen=True)
 class Deadlines:
     first_token_s: float
     """A streaming engine's first content must arrive within this."""

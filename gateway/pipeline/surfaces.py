@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from routing.types import Decision, FleetSnapshot, RequestFeatures
 
 
-@value
+@value(frozen=True)
 class Asked:
     """A surface's request, understood: what to generate and how the client wants the answer."""
 

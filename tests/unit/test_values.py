@@ -11,7 +11,7 @@ from backends.base import GenerationRequest
 from values import evolve, value
 
 
-@value
+@value(frozen=True)
 class Pair:
     a: int
     b: str = "b"
@@ -22,7 +22,7 @@ class Pair:
             raise ValueError("a < 0")
 
 
-@value(kw_only=True)
+@value(frozen=True, kw_only=True)
 class Named:
     x: int
     y: int = 0
@@ -55,3 +55,21 @@ def test_keyword_only_records_and_other_dataclasses_go_to_replace() -> None:
     assert evolve(Plain(1), y=2) == Plain(1, 2)
     with pytest.raises(TypeError):
         evolve(Plain(1), z=2)
+
+
+def test_a_record_must_say_it_is_frozen() -> None:
+    """The type checker sees ``value`` as ``dataclasses.dataclass`` (for mypyc): without ``frozen=True`` it
+    would let fields be assigned, so the run time refuses the record."""
+    with pytest.raises(TypeError, match="frozen=True"):
+
+        @value
+        class Loose:
+            x: int
+
+    with pytest.raises(TypeError, match="frozen=True"):
+        value()
+
+
+def test_records_are_slotted_and_hashed_by_their_fields_where_interpreted() -> None:
+    assert not hasattr(Pair(1), "__dict__")
+    assert hash(Named(x=1)) == hash(Named(x=1)) and Named(x=1) == Named(x=1)
