@@ -40,7 +40,8 @@ from gateway.whatif.diff import diff
 from gateway.whatif.records import RECENT_REQUESTS, Replayed
 from routing.fallback import Step
 from routing.prefix import CHARS_PER_TOKEN
-from routing.types import FleetSnapshot, Rules
+from routing.rules import Rules
+from routing.types import FleetSnapshot
 
 if TYPE_CHECKING:
     from gateway.telemetry.tracing import Tracing

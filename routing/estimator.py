@@ -13,7 +13,8 @@ the priors per backend through exponentially weighted averages.
 from __future__ import annotations
 
 from routing.catalog import PREFILL_CHUNK_TOKENS
-from routing.types import BackendProfile, BackendState, ModelSpec, Observed, Prediction
+from routing.decisions import Prediction
+from routing.types import BackendProfile, BackendState, ModelSpec, Observed
 
 ALPHA = 0.2
 """Weight of a new observation in the running averages."""

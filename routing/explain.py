@@ -6,8 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from routing import fallback
+from routing.decisions import Decision
 from routing.policy import with_rule_defaults
-from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
+from routing.rules import Rules
+from routing.types import FleetSnapshot, RequestFeatures
 
 TERMS = ("budget", "cost")
 """The weighted terms of a candidate's score (``routing.weights``), in the table's order."""

@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from routing.decisions import Decision, Reason
 from routing.policy import choose
-from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures, Rules
+from routing.rules import Rules
+from routing.types import FleetSnapshot, RequestFeatures
 
 UNAVAILABLE = "unavailable"
 OVERLOADED = "overloaded"

@@ -21,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import math
 
+from routing.decisions import Candidate, Prediction
 from routing.estimator import prefill_ms
-from routing.types import BackendState, Candidate, ModelSpec, Prediction, RequestFeatures, Rules
+from routing.rules import Rules
+from routing.types import BackendState, ModelSpec, RequestFeatures
 from values import value
 
 HOPELESS_RATIO = 2.0

@@ -13,22 +13,11 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import replace
 
+from routing.decisions import Candidate, Decision, Prediction, Reason
 from routing.estimator import fit_problem, predict
 from routing.placement import Scored, scored
-from routing.types import (
-    BackendState,
-    Breaker,
-    Candidate,
-    Decision,
-    FleetSnapshot,
-    Mode,
-    ModelSpec,
-    Prediction,
-    Reason,
-    RequestFeatures,
-    Rule,
-    Rules,
-)
+from routing.rules import Mode, Rule, Rules
+from routing.types import BackendState, Breaker, FleetSnapshot, ModelSpec, RequestFeatures
 from values import value
 
 DEFAULT_MAX_TOKENS = 256

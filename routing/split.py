@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
+from routing.decisions import Decision
 from routing.policy import choose, matches
-from routing.types import Arm, Decision, FleetSnapshot, RequestFeatures, Rule, Rules
+from routing.rules import Arm, Rule, Rules
+from routing.types import FleetSnapshot, RequestFeatures
 
 SCALE = 100.0
 """A split's weights sum to this."""

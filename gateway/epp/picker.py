@@ -31,9 +31,10 @@ from gateway.http.errors import ApiError, error_for_json, model_not_found
 from gateway.pipeline.generation import prompt_texts
 from gateway.pipeline.refusals import no_candidates
 from gateway.state import AppState
+from routing.decisions import Decision, Reason
 from routing.features import InvalidHeader, features
 from routing.split import route
-from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
+from routing.types import FleetSnapshot, RequestFeatures
 
 log = logging.getLogger("enginegate.epp")
 

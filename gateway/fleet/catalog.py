@@ -17,7 +17,8 @@ from backends.hf_tokenizer import encode
 from backends.text import INLINE_PROMPT_CHARS, ChatRenderer, prompt_chars
 from gateway.config import BackendConfig, LlamaCppConfig, LoadedConfig, ModelConfig, RuleConfig
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS, EngineEfficiency, GpuSpec
-from routing.types import Arm, BackendProfile, Mode, ModelSpec, Rule, Rules, Split, Weights
+from routing.rules import Arm, Mode, Rule, Rules, Split, Weights
+from routing.types import BackendProfile, ModelSpec
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_CPU_MEMORY_GB = 16.0

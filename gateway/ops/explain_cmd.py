@@ -21,7 +21,9 @@ from gateway.ops.common import load_or_report
 
 if TYPE_CHECKING:
     from gateway.config import LoadedConfig
-    from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
+    from routing.decisions import Decision
+    from routing.rules import Rules
+    from routing.types import FleetSnapshot, RequestFeatures
 
 EXIT_NOTHING_FITS = 3
 EXIT_NO_BACKEND = 4

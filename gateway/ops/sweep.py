@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from routing.types import Decision, FleetSnapshot, RequestFeatures
+from routing.decisions import Decision
+from routing.types import FleetSnapshot, RequestFeatures
 
 Runs = list[tuple[RequestFeatures, Decision]]
 

@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gateway.telemetry.arms import Splits
+from routing.decisions import Decision
 from routing.policy import with_rule_defaults
+from routing.rules import Rules
 from routing.split import route
-from routing.types import Decision, FleetSnapshot, RequestFeatures, Rules
+from routing.types import FleetSnapshot, RequestFeatures
 
 
 def routed(

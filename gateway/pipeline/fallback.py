@@ -22,8 +22,9 @@ from gateway.http.errors import ApiError
 from gateway.pipeline.dispatch import Committed
 from gateway.pipeline.lifecycle import RequestLife
 from routing import fallback
+from routing.decisions import Reason
 from routing.fallback import Step
-from routing.types import Reason, RequestFeatures
+from routing.types import RequestFeatures
 
 log = logging.getLogger("enginegate.request")
 

@@ -25,8 +25,9 @@ from gateway.pipeline.refusals import no_candidates
 from gateway.pipeline.restreams import Recount
 from gateway.pipeline.shaping import open_answer, open_sized, prompt_bound, resized
 from gateway.pipeline.surfaces import Answer, Asked, Surface
+from routing.decisions import Decision
 from routing.features import features
-from routing.types import Decision, FleetSnapshot, RequestFeatures
+from routing.types import FleetSnapshot, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime

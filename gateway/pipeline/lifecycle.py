@@ -24,7 +24,8 @@ from gateway.http.exchange import ClientGone
 from gateway.pipeline.dispatch import Committed
 from gateway.telemetry.arms import arm_end
 from gateway.whatif.records import Replayed, log_fields
-from routing.types import Decision, RequestFeatures
+from routing.decisions import Decision
+from routing.types import RequestFeatures
 
 if TYPE_CHECKING:
     from collections.abc import Callable

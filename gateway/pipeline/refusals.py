@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gateway.http.errors import ApiError, clip, model_not_found
-from routing.types import Decision, Reason
+from routing.decisions import Decision, Reason
 
 
 def _unsupported(decision: Decision, model: str, wanted: dict[str, str], extras: frozenset[str]) -> ApiError:

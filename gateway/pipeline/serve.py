@@ -35,9 +35,10 @@ from gateway.pipeline.generation import Generation, needs_first
 from gateway.pipeline.lifecycle import RequestLife
 from gateway.pipeline.shadow import mirror
 from gateway.pipeline.surfaces import Answer, Door, Work
+from routing.decisions import Decision, Reason
 from routing.features import InvalidHeader
 from routing.policy import priority_factor
-from routing.types import Decision, FleetSnapshot, Reason, RequestFeatures
+from routing.types import FleetSnapshot, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime

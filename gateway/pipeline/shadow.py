@@ -34,8 +34,10 @@ from gateway.pipeline.restreams import Recount
 from gateway.pipeline.shaping import open_answer, open_sized, prompt_bound
 from gateway.pipeline.surfaces import Answer, UsageTotal
 from gateway.telemetry.shadow_pairs import COMPARED_CHARS, PairInfo, Side, capacity_cost, comparison
+from routing.decisions import Decision
 from routing.policy import choose, with_rule_defaults
-from routing.types import Decision, FleetSnapshot, Mode, RequestFeatures, Rule
+from routing.rules import Mode, Rule
+from routing.types import FleetSnapshot, RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from gateway.http.exchange import Exchange
     from gateway.state import Runtime
     from gateway.telemetry.tracing import RequestTrace
-    from routing.types import Decision, FleetSnapshot, RequestFeatures
+    from routing.decisions import Decision
+    from routing.types import FleetSnapshot, RequestFeatures
 
 
 @value(frozen=True)

@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from backends.base import Usage
 from gateway.config import RuleConfig
 from gateway.telemetry.metrics import LATENCY_BUCKETS, TOKEN_TIME_BUCKETS, _Children
+from routing.decisions import Decision
 from routing.split import ArmCounts, Guard, verdict
-from routing.types import BackendProfile, Decision, RequestFeatures
+from routing.types import BackendProfile, RequestFeatures
 
 log = logging.getLogger("enginegate.split")
 

@@ -9,8 +9,9 @@ from collections import deque
 from itertools import islice
 from typing import Any
 
+from routing.decisions import Decision
 from routing.explain import to_dict
-from routing.types import Decision, RequestFeatures
+from routing.types import RequestFeatures
 
 _Record = tuple[float, str, str, int, int | None, float | None, float | None, float | None, str | None, Decision]
 """(wall time, request id, model, prompt tokens, max tokens, ttft/latency/tpot budgets, tenant, the decision):

@@ -37,7 +37,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from backends.base import Chunk, GenerationRequest, Usage
 from gateway.config import BackendConfig, CTranslate2Config, LlamaCppConfig, TelemetryConfig
-from routing.types import Decision, RequestFeatures
+from routing.decisions import Decision
+from routing.types import RequestFeatures
 
 OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 """``gen_ai.operation.name`` by front door; Responses and Messages are chat."""

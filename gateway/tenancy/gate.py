@@ -34,7 +34,8 @@ from gateway.tenancy.pricing import FREE, Price, day_of, period_left, period_of,
 from gateway.tenancy.redis_limiter import LimiterDown, RedisLimiter
 from gateway.tenancy.settings import AuthConfig, DeclaredKey, RedisConfig
 from gateway.tenancy.store import KeyStore, UsageRow, is_postgres, open_store, unavailable
-from routing.types import Decision, RequestFeatures
+from routing.decisions import Decision
+from routing.types import RequestFeatures
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig, LoadedConfig

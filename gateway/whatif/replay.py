@@ -23,12 +23,13 @@ from gateway.config import LoadedConfig
 from gateway.fleet.catalog import rules as build_rules
 from gateway.whatif.fleets import idle_snapshot, sim_fleet
 from gateway.whatif.records import Replayed, from_log, replayable
+from routing.decisions import Reason
 from routing.policy import choose
 from routing.sim.policies import Enginegate
 from routing.sim.simulate import simulate
 from routing.sim.traces import load_trace
 from routing.sim.workload import DEFAULT_MIX, SimRequest
-from routing.types import Reason, RequestFeatures
+from routing.types import RequestFeatures
 
 DEFAULT_SCALES = (1.0, 2.0, 4.0)
 """Rates simulated unless told: the logged rate, twice and four times it."""

@@ -39,11 +39,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from routing import load
+from routing.decisions import Reason
 from routing.estimator import kv_capacity_tokens, observe
 from routing.policy import choose
 from routing.prefix import PrefixIndex
+from routing.rules import Rules
 from routing.sim.engine import Job, SimEngine
-from routing.types import BackendState, FleetSnapshot, ModelSpec, Observed, Reason, RequestFeatures, Rules
+from routing.types import BackendState, FleetSnapshot, ModelSpec, Observed, RequestFeatures
 
 LATENCY_WINDOW = 10
 """LiteLLM keeps the last ten latencies per deployment."""

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from routing.catalog import PREFILL_CHUNK_TOKENS
+from routing.rules import Rules
 from routing.sim.engine import FAILURES, Job, SimEngine
 from routing.sim.policies import BackendView, Policy
 from routing.sim.truth import Truth
 from routing.sim.workload import SimRequest
-from routing.types import BackendProfile, ModelSpec, Rules
+from routing.types import BackendProfile, ModelSpec
 
 _ARRIVAL, _STEP, _POLL, _DOWN, _UP = range(5)
 

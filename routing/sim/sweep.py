@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from routing.rules import Rules
 from routing.sim.capacity import ModelCapacity, capacities
 from routing.sim.peers import strong_peers
 from routing.sim.policies import Enginegate, LeastBusy, LowestLatency, Policy, Random, RoundRobin, StaticTable
@@ -13,7 +14,7 @@ from routing.sim.report import Point
 from routing.sim.simulate import SimFleet, assign_models, capacity_rps, simulate
 from routing.sim.traces import TraceRow, mean_rate
 from routing.sim.workload import DEFAULT_MIX, BudgetMix, build_workload, ideal_reuse
-from routing.types import ModelSpec, Rules
+from routing.types import ModelSpec
 
 SHARE_DELAY_S = 0.005
 """How late a replica hears of another's send through Redis pub/sub (a round trip on one network)."""

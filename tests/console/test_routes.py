@@ -14,7 +14,8 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.console import CSP
 from gateway.telemetry.decisions import RecentDecisions
-from routing.types import Candidate, Decision, Prediction, Reason, RequestFeatures
+from routing.decisions import Candidate, Decision, Prediction, Reason
+from routing.types import RequestFeatures
 from tests.conftest import write_config
 from tests.fakes import ScriptedBackend, factory, serve_in_thread
 

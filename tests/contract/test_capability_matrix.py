@@ -32,7 +32,8 @@ from backends.capabilities import (
 from gateway.fleet.engines import declared_capabilities
 from routing.catalog import ENGINES, GPUS
 from routing.policy import choose
-from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, RequestFeatures, Rules
+from routing.rules import Rules
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, RequestFeatures
 from tests.conftest import ROOT
 
 COLUMNS = {

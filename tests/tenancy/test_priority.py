@@ -15,7 +15,8 @@ from gateway.tenancy.gate import Tenancy, reserved_prompt
 from gateway.tenancy.keys import KeyRecord
 from gateway.tenancy.settings import AuthConfig, RedisConfig
 from routing.policy import matches, priority_factor
-from routing.types import RequestFeatures, Rule
+from routing.rules import Rule
+from routing.types import RequestFeatures
 
 
 class _Exchange:

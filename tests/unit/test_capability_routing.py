@@ -16,17 +16,10 @@ from gateway.doors.openai_shapes import ResponseShape
 from gateway.pipeline.restreams import fan_in
 from gateway.pipeline.shaping import default_length, open_answer
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.decisions import Decision, Reason
 from routing.policy import choose
-from routing.types import (
-    BackendProfile,
-    BackendState,
-    Decision,
-    FleetSnapshot,
-    ModelSpec,
-    Reason,
-    RequestFeatures,
-    Rules,
-)
+from routing.rules import Rules
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, RequestFeatures
 
 MODEL = ModelSpec("m", 8, BYTES_PER_PARAM["bf16"], 8192, 131072)
 

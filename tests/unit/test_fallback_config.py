@@ -9,8 +9,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.config import ConfigError, parse_config
+from routing.decisions import Decision, Reason
 from routing.fallback import CAUSES, Step, chains, cycle, decision_cause
-from routing.types import Decision, Reason
 from tests.conftest import write_config
 
 

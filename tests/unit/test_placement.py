@@ -8,7 +8,8 @@ from dataclasses import replace
 from routing.catalog import GPUS
 from routing.explain import render, to_dict
 from routing.policy import choose
-from routing.types import BackendState, FleetSnapshot, ModelSpec, Rules
+from routing.rules import Rules
+from routing.types import BackendState, FleetSnapshot, ModelSpec
 from tests.unit.test_prefix import LLAMA_8B, _holding, chat, feats, state
 
 TINY = ModelSpec("llama-8b", 0.5, 2, 32768, 12288)

@@ -10,13 +10,15 @@ from dataclasses import replace
 import pytest
 
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.decisions import Reason
 from routing.estimator import kv_capacity_tokens, predict
 from routing.explain import render, to_dict
 from routing.features import features
 from routing.placement import HOME_SLACK
 from routing.policy import choose
 from routing.prefix import BLOCK_BYTES, MIN_CAPACITY_TOKENS, PrefixIndex, chain, rendered
-from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec, Reason, Rules
+from routing.rules import Rules
+from routing.types import BackendProfile, BackendState, FleetSnapshot, ModelSpec
 
 LLAMA_8B = ModelSpec("llama-8b", 8, BYTES_PER_PARAM["bf16"], 32768, 131072)
 SYSTEM = "You are a careful assistant for the Acme help desk. Answer briefly and cite the manual. " * 12

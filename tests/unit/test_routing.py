@@ -14,22 +14,12 @@ import pytest
 
 from routing import load
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.decisions import Reason
 from routing.estimator import observe, predict, slots
 from routing.features import InvalidHeader, features
 from routing.policy import choose
-from routing.types import (
-    BackendProfile,
-    BackendState,
-    Breaker,
-    FleetSnapshot,
-    Mode,
-    ModelSpec,
-    Observed,
-    Reason,
-    RequestFeatures,
-    Rule,
-    Rules,
-)
+from routing.rules import Mode, Rule, Rules
+from routing.types import BackendProfile, BackendState, Breaker, FleetSnapshot, ModelSpec, Observed, RequestFeatures
 
 LLAMA_8B = ModelSpec("llama-8b", 8, BYTES_PER_PARAM["bf16"], 8192, 131072)
 LLAMA_70B = ModelSpec("llama-70b", 70, BYTES_PER_PARAM["bf16"], 8192, 327680)

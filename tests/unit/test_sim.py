@@ -8,6 +8,7 @@ import pytest
 
 from gateway.cli import main
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.rules import Rules
 from routing.sim.calibration import PERF, step_ms
 from routing.sim.engine import Job, SimEngine
 from routing.sim.policies import (
@@ -23,7 +24,7 @@ from routing.sim.sweep import parse_shares, sweep
 from routing.sim.traces import TraceRow
 from routing.sim.truth import EXACT
 from routing.sim.workload import SimRequest
-from routing.types import BackendProfile, ModelSpec, Rules
+from routing.types import BackendProfile, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ModelSpec("m8", 8, BYTES_PER_PARAM["bf16"], 131072, 131072)

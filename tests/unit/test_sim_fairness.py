@@ -13,6 +13,7 @@ import pytest
 from gateway.cli import main
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
 from routing.estimator import decode_step_ms, prefill_ms
+from routing.rules import Rules
 from routing.sim import report
 from routing.sim.calibration import PERF
 from routing.sim.engine import Job, SimEngine
@@ -21,7 +22,7 @@ from routing.sim.policies import SHED_RATIO, Enginegate, LeastBusy, Policy, Roun
 from routing.sim.simulate import Result, SimFleet, simulate
 from routing.sim.truth import EXACT, NOISE_SIGMA, SPEED_SPREAD, Truth
 from routing.sim.workload import SimRequest
-from routing.types import BackendProfile, BackendState, ModelSpec, Rules
+from routing.types import BackendProfile, BackendState, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ModelSpec("m8", 8, BYTES_PER_PARAM["bf16"], 131072, 131072)

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from routing.catalog import BYTES_PER_PARAM, ENGINES, GPUS
+from routing.rules import Rules
 from routing.sim.engine import Job, SimEngine
 from routing.sim.peers import LlmD, PowerOfTwo, SglangCacheAware, ShortestQueueKv
 from routing.sim.policies import BackendView, Enginegate, RoundRobin
 from routing.sim.simulate import SimFleet, simulate
 from routing.sim.traces import TraceRow, load_mooncake, load_trace
 from routing.sim.workload import ChatShape, SimRequest, chat_sessions, ideal_reuse
-from routing.types import BackendProfile, ModelSpec, Rules
+from routing.types import BackendProfile, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ModelSpec("m8", 8, BYTES_PER_PARAM["bf16"], 131072, 131072)

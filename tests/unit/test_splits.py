@@ -14,9 +14,11 @@ from prometheus_client import CollectorRegistry
 
 from gateway.config import ConfigError, RuleConfig, parse_config
 from gateway.telemetry.arms import ArmEnd, Splits
+from routing.decisions import Reason
 from routing.features import features
+from routing.rules import Arm, Rule, Rules, Split
 from routing.split import ArmCounts, Guard, arm_order, point, route, verdict
-from routing.types import Arm, FleetSnapshot, Reason, RequestFeatures, Rule, Rules, Split
+from routing.types import FleetSnapshot, RequestFeatures
 from tests.conftest import ROOT
 from tests.unit.test_routing import LLAMA_8B, backend
 
