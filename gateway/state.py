@@ -55,20 +55,15 @@ class Runtime:
     rules: Rules
     model_names: frozenset[str]
     counters: dict[str, PromptCounter]
+    config: GatewayConfig
+    """``loaded.config``, which every request reads: a field (compiled, a native read), not a property."""
+    block_bytes: int
+    """Bytes of prompt text per prefix block (``routing.prefix.block_tokens``)."""
     # Aliases and fallbacks (docs/traffic.md): empty when the config names none.
     aliases: Mapping[str, str] = field(default_factory=dict)
     """What clients may send in ``model`` besides the models' names: alias -> model."""
     chains: Mapping[str, tuple[Step, ...]] = field(default_factory=dict)
     """Each model's whole fallback chain (``routing.fallback.chains``); absent: it has none."""
-
-    @property
-    def config(self) -> GatewayConfig:
-        return self.loaded.config
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes of prompt text per prefix block (``routing.prefix.block_tokens``)."""
-        return self.loaded.config.routing.prefix.block_tokens * CHARS_PER_TOKEN
 
     async def measure(self, gen: GenerationRequest, snapshot: FleetSnapshot) -> tuple[int | None, Sequence[int]]:
         """(the prompt's exact token count, None where it is estimated; its token ids when some backend
@@ -85,7 +80,11 @@ class Runtime:
         models = loaded.config.models
         names = frozenset(m.name for m in models)
         counters = prompt_counters(loaded, loaded.ggufs)
-        return cls(loaded, build_rules(loaded), names, counters, aliases_of(models), chains_of(models))
+        config = loaded.config
+        block_bytes = config.routing.prefix.block_tokens * CHARS_PER_TOKEN
+        return cls(
+            loaded, build_rules(loaded), names, counters, config, block_bytes, aliases_of(models), chains_of(models)
+        )
 
 
 def _tracing(config: GatewayConfig) -> Tracing | None:

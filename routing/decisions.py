@@ -1,5 +1,11 @@
 """What the routing policy answers: a ``Decision`` (why, and the candidates ranked best first, each with
-its ``Prediction``). ``routing.types`` holds what it reads."""
+its ``Prediction``). ``routing.types`` holds what it reads.
+
+Each record writes out its ``__init__`` for mypyc, as ``routing.types`` says; hence the ``misc`` code off
+here too (assigning a field of the type checker's frozen view).
+"""
+
+# mypy: disable-error-code="misc"
 
 from __future__ import annotations
 
@@ -42,6 +48,24 @@ class Prediction:
     cached_tokens: int = 0
     """Prompt tokens expected in the backend's prefix cache: its prefill skips them."""
 
+    def __init__(
+        self,
+        ttft_ms: float,
+        tpot_ms: float,
+        e2e_ms: float,
+        queue_ms: float,
+        prior_ttft_ms: float = 0.0,
+        slots: int = 1,
+        cached_tokens: int = 0,
+    ) -> None:
+        self.ttft_ms = ttft_ms
+        self.tpot_ms = tpot_ms
+        self.e2e_ms = e2e_ms
+        self.queue_ms = queue_ms
+        self.prior_ttft_ms = prior_ttft_ms
+        self.slots = slots
+        self.cached_tokens = cached_tokens
+
 
 @value(frozen=True)
 class Candidate:
@@ -65,6 +89,32 @@ class Candidate:
     over_bound: bool = False
     """This request would take it over its bound (while another backend stays within its own)."""
 
+    def __init__(
+        self,
+        backend: str,
+        score: float,
+        prediction: Prediction,
+        meets_budget: bool,
+        terms: dict[str, float] | None = None,
+        saved_ms: float = 0.0,
+        saved_gpu_ms: float = 0.0,
+        capacity_ms: float = 0.0,
+        in_flight: int = 0,
+        bound: int = 0,
+        over_bound: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.score = score
+        self.prediction = prediction
+        self.meets_budget = meets_budget
+        self.terms = {} if terms is None else terms
+        self.saved_ms = saved_ms
+        self.saved_gpu_ms = saved_gpu_ms
+        self.capacity_ms = capacity_ms
+        self.in_flight = in_flight
+        self.bound = bound
+        self.over_bound = over_bound
+
 
 @value(frozen=True)
 class Decision:
@@ -85,3 +135,29 @@ class Decision:
     """The arm of the rule's weighted split the candidates come from (``routing.split``)."""
     model: str | None = None
     """Set when that arm sends the request to another model: the candidates serve this model."""
+
+    def __init__(
+        self,
+        reason: Reason,
+        candidates: tuple[Candidate, ...] = (),
+        excluded: dict[str, str] | None = None,
+        rule: str | None = None,
+        max_attempts: int = 3,
+        hedging: bool = False,
+        retry_after_s: float | None = None,
+        hedge_after_ms: float | None = None,
+        lacks: dict[str, tuple[str, ...]] | None = None,
+        arm: str | None = None,
+        model: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.candidates = candidates
+        self.excluded = {} if excluded is None else excluded
+        self.rule = rule
+        self.max_attempts = max_attempts
+        self.hedging = hedging
+        self.retry_after_s = retry_after_s
+        self.hedge_after_ms = hedge_after_ms
+        self.lacks = {} if lacks is None else lacks
+        self.arm = arm
+        self.model = model

@@ -94,7 +94,7 @@ def home(alive: list[BackendState], matched: list[int], f: RequestFeatures) -> i
     ranked = sorted(near, key=order.__getitem__, reverse=True)  # stable, as sorting by the negated number
     tokens = [prefix.tokens if (prefix := alive[i].prefix) is not None else 0.0 for i in ranked]
     bound = HOME_BOUND * sum(tokens) / len(tokens)
-    return next((i for i, held in zip(ranked, tokens, strict=True) if held <= bound), ranked[0])
+    return next((i for i, held in zip(ranked, tokens) if held <= bound), ranked[0])
 
 
 def work_ms(model: ModelSpec, state: BackendState, p: Prediction, f: RequestFeatures, out: int) -> float:
@@ -151,6 +151,17 @@ class Scored:
     closest_miss: float
     """The least time over budget among the candidates (the home's slack included), 1 when one meets it."""
 
+    def __init__(
+        self,
+        candidates: list[Candidate],
+        hopeless: bool,
+        closest_miss: float,
+    ) -> None:
+        # Written out, compiled: the record's fields assigned once (see routing.types).
+        self.candidates = candidates  # type: ignore[misc]
+        self.hopeless = hopeless  # type: ignore[misc]
+        self.closest_miss = closest_miss  # type: ignore[misc]
+
 
 def scored(
     alive: list[BackendState],
@@ -168,20 +179,20 @@ def scored(
     each holds: this runs on every request). ``new``: nothing of the conversation is held anywhere
     beyond its preamble."""
     in_flight = [s.running + s.waiting for s in alive]
-    work = [work_ms(model, s, p, f, out) for s, p in zip(alive, preds, strict=True)]
+    work = [work_ms(model, s, p, f, out) for s, p in zip(alive, preds)]
     # The GPU time beyond the least costly candidate's, times the fleet's share of slots in use: how
     # much of that work delays other requests (none on an idle fleet, all of it on a full one).
     least, busy_share = min(work), min(1.0, sum(in_flight) / sum(p.slots for p in preds))
     extra = [busy_share * (w - least) for w in work]
-    times = [(p.ttft_ms + x, p.e2e_ms + x) for p, x in zip(preds, extra, strict=True)]
+    times = [(p.ttft_ms + x, p.e2e_ms + x) for p, x in zip(preds, extra)]
     fastest = min(t[1] for t in times)
-    cost = [s.profile.cost_per_hour * w for s, w in zip(alive, work, strict=True)]
+    cost = [s.profile.cost_per_hour * w for s, w in zip(alive, work)]
     cheapest = min(cost)
     tie = home(alive, matched, f)
     budgeted = f.budgeted
     ratios: list[float | None] = [None] * len(alive)
     if budgeted:
-        ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds, strict=True)]
+        ratios = [budget_ratio(t, p, f) for t, p in zip(times, preds)]
     if not new and (ratio := ratios[tie]) is not None:
         ratios[tie] = ratio / HOME_SLACK  # the conversation's history is there: see HOME_SLACK
     closest_miss = min((r for r in ratios if r is not None and r > 1), default=1.0) if budgeted else 1.0
@@ -190,7 +201,7 @@ def scored(
     w = rules.weights
     total = (w.budget + w.cost) or 1.0
     candidates = []
-    for i, (s, p) in enumerate(zip(alive, preds, strict=True)):
+    for i, (s, p) in enumerate(zip(alive, preds)):
         name = s.profile.name
         terms = {
             "budget": budget_term(ratios[i], times[i][1], fastest, closest_miss),
@@ -229,18 +240,16 @@ def _over_bound(
     bound = bounds(in_flight, [p.slots for p in preds], *((NEW_BOUND, 0) if new else (rules.load_bound, 1)))
     if len(alive) == 1:
         return [(bound[0], False)]  # over its bound or not, the only one is not (see the end)
-    over = [n + 1 > b for n, b in zip(in_flight, bound, strict=True)]
+    over = [n + 1 > b for n, b in zip(in_flight, bound)]
     if new:
-        full = [
-            s.profile.engine in SLOT_CACHES and c >= s.profile.max_concurrency for s, c in zip(alive, held, strict=True)
-        ]
+        full = [s.profile.engine in SLOT_CACHES and c >= s.profile.max_concurrency for s, c in zip(alive, held)]
         if any(full):
             # Placed by the requests in flight alone, a new conversation follows whichever client just
             # finished: six clients, eight sessions on three 3-slot llama-servers put four sessions on
             # one in 2 runs of 5, and every turn there then evicted another session's history.
-            over = [a or b for a, b in zip(over, full, strict=True)]
+            over = [a or b for a, b in zip(over, full)]
             if all(over):
                 over = full  # where its history will stay matters more than one request's balance
     if all(over):
         over = [False] * len(over)  # every one over its bound: none is (bounded loads place a key somewhere)
-    return list(zip(bound, over, strict=True))
+    return list(zip(bound, over))

@@ -112,6 +112,21 @@ class _Plan:
     hedging: bool
     mode: Mode
 
+    def __init__(
+        self,
+        rule: Rule | None,
+        f: RequestFeatures,
+        max_attempts: int,
+        hedging: bool,
+        mode: Mode,
+    ) -> None:
+        # Written out, compiled: the record's fields assigned once (see routing.types).
+        self.rule = rule  # type: ignore[misc]
+        self.f = f  # type: ignore[misc]
+        self.max_attempts = max_attempts  # type: ignore[misc]
+        self.hedging = hedging  # type: ignore[misc]
+        self.mode = mode  # type: ignore[misc]
+
     @property
     def name(self) -> str | None:
         return self.rule.name if self.rule else None
@@ -152,7 +167,7 @@ def choose(features: RequestFeatures, snapshot: FleetSnapshot, rules: Rules) -> 
     out = f.max_tokens or DEFAULT_MAX_TOKENS
     limit = rules.max_queue_wait_ms * priority_factor(f.priority)
     held = [_held(s, f) for s in alive]
-    predictions = [predict(model, s, f.prompt_tokens, out, tokens) for s, (_, tokens) in zip(alive, held, strict=True)]
+    predictions = [predict(model, s, f.prompt_tokens, out, tokens) for s, (_, tokens) in zip(alive, held)]
     # Every backend's match counts for whether the conversation is new, the ones admission refuses too.
     new = max(blocks for blocks, _ in held) <= f.preamble_blocks
     admitted = [i for i, p in enumerate(predictions) if not p.queue_ms > limit]  # as _refuse_full refuses
@@ -181,7 +196,7 @@ def _ranked(result: Scored, alive: list[BackendState], probing: set[str], rule: 
     preference, those within their load bound, (hopeless everywhere: the cheapest), the score, the home."""
     hopeless = result.hopeless
     keys = []
-    for s, c in zip(alive, result.candidates, strict=True):
+    for s, c in zip(alive, result.candidates):
         preference = 0 if rule and _named(s, rule.prefer) else (2 if rule and _named(s, rule.avoid) else 1)
         keys.append((
             1 if c.backend in probing else 0, 0 if c.meets_budget else 1, preference, int(c.over_bound),
@@ -230,7 +245,7 @@ def _refuse_full(
     alive: list[BackendState], predictions: list[Prediction], excluded: dict[str, str], limit: float
 ) -> None:
     """The backends whose predicted queue wait is over ``limit`` (ms) join ``excluded``, saying so."""
-    for s, p in zip(alive, predictions, strict=True):
+    for s, p in zip(alive, predictions):
         if p.queue_ms > limit:
             excluded[s.name] = f"queue full: predicted wait {p.queue_ms / 1000:.1f}s over {limit / 1000:.1f}s"
 

@@ -19,6 +19,12 @@ about four times faster (for the request path: 0.8 against 3.4 µs for ``Generat
 fields), reading the fields at once and passing them by position where ``replace`` looks each one up
 by name and passes it as a keyword.
 
+Building a native record still runs the ``__init__`` that ``dataclass`` writes, interpreted, each field
+set through a descriptor (10,500 instructions for ``RequestFeatures``' 21 fields); the records built on
+every request write theirs out in the class, which mypyc compiles (``routing.types``). A record another
+record extends keeps the generated one: mypyc calls a written-out ``__init__`` of a base wrongly from a
+subclass's.
+
 The lowest layer of the tree (``tests/unit/test_layering.py``): ``routing`` and ``backends``, which
 must not know each other, both build such records.
 """

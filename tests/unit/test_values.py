@@ -3,11 +3,19 @@ what ``dataclasses.replace`` gives, defaults, factories and ``__post_init__`` in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import ast
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import cast
 
 import pytest
 
+import routing.types
 from backends.base import GenerationRequest
+from tests.compiled import interpreted_only
 from values import evolve, value
 
 
@@ -73,3 +81,53 @@ def test_a_record_must_say_it_is_frozen() -> None:
 def test_records_are_slotted_and_hashed_by_their_fields_where_interpreted() -> None:
     assert not hasattr(Pair(1), "__dict__")
     assert hash(Named(x=1)) == hash(Named(x=1)) and Named(x=1) == Named(x=1)
+
+
+def _written_out() -> list[type]:
+    """Every ``@value`` record of the tree whose class writes out its ``__init__`` (``routing.types``)."""
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted(p for package in ("backends", "gateway", "routing") for p in (root / package).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.ClassDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "value" for d in node.decorator_list)
+            and any(isinstance(item, ast.FunctionDef) and item.name == "__init__" for item in node.body)
+        ]
+        if names:
+            module = importlib.import_module(path.relative_to(root).with_suffix("").as_posix().replace("/", "."))
+            found += [getattr(module, name) for name in names]
+    return found
+
+
+@interpreted_only(routing.types, "a compiled __init__ has no signature to inspect (the source is the same)")
+def test_a_written_out_init_takes_the_fields_in_order_with_their_defaults() -> None:
+    """A record's own ``__init__`` (compiled where its module is) must be the one ``dataclass`` would write:
+    the fields in order, with the same defaults (None for a field built by a factory, which it builds)."""
+    records = _written_out()
+    assert {cls.__name__ for cls in records} >= {"RequestFeatures", "Candidate", "Decision", "BackendState"}
+    for cls in records:
+        params = list(inspect.signature(cls).parameters.values())
+        assert [p.name for p in params] == [f.name for f in fields(cls)], cls
+        for p, f in zip(params, fields(cls), strict=True):
+            if f.default is not MISSING:
+                assert p.default == f.default, (cls, f.name)
+            elif f.default_factory is not MISSING:
+                assert p.default is None, (cls, f.name)
+            else:
+                assert p.default is inspect.Parameter.empty, (cls, f.name)
+
+
+@interpreted_only(routing.types, "the required fields are given stand-in objects, which compiled records refuse")
+def test_a_written_out_init_sets_every_field() -> None:
+    for cls in _written_out():
+        required = [object() for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        made = cls(*required)
+        for f, given in zip(fields(cls), required, strict=False):
+            assert getattr(made, f.name) is given
+        for f in fields(cls)[len(required) :]:
+            factory = cast("Callable[[], object]", f.default_factory)
+            expected = f.default if f.default is not MISSING else factory()
+            assert getattr(made, f.name) == expected, (cls, f.name)
