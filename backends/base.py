@@ -9,89 +9,13 @@ and dispatch decides from ``retryable`` whether another backend may try.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
+from backends.request import EngineClock as EngineClock
+from backends.request import GenerationRequest as GenerationRequest
 from values import value
-
-
-@dataclass(slots=True)
-class EngineClock:
-    """Time one request spent waiting on its engine (connecting, generating, on the wire). The gateway
-    subtracts it from the request's time in the gateway to report its own overhead."""
-
-    waited_s: float = 0.0
-
-
-@value(frozen=True)
-class GenerationRequest:
-    """What to generate, independent of any engine's wire format.
-
-    Exactly one of ``messages`` (chat) and ``prompt`` (completion) is set.
-    ``max_tokens`` None means "as many as the context leaves room for".
-    ``extra`` holds fields the client sent that OpenAI does not define
-    (``ignore_eos``, ``top_k``, ...): engines that know them use them.
-
-    ``messages`` are OpenAI-shaped dicts: ``role``, ``content`` (a string, or a list of parts when it
-    holds images: ``{"type": "text", "text"}`` and ``{"type": "image_url", "image_url": {"url"}}``),
-    and, kept intact, ``name``, assistant ``tool_calls`` (OpenAI's list, arguments a JSON string) and
-    a tool message's ``tool_call_id``. Every capability field is OpenAI's meaning; the routing has
-    already sent the request only to a backend whose ``capabilities`` cover what it uses.
-    """
-
-    request_id: str
-    model: str
-    max_tokens: int | None = None
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    tools: tuple[dict[str, Any], ...] = ()
-    """OpenAI function tools as the client sent them: ``{"type": "function", "function": {name, description,
-    parameters}}``."""
-    tool_choice: str | dict[str, Any] | None = None
-    """None (the engine's default, "auto" with tools), "none", "auto", "required" or
-    ``{"type": "function", "function": {"name": ...}}``."""
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    """None for plain text; ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {name,
-    schema, strict}}`` as OpenAI defines them."""
-    logprobs: bool = False
-    top_logprobs: int = 0
-    """Alternatives per token (0..20) when ``logprobs``; for completions, OpenAI's integer ``logprobs``."""
-    n: int = 1
-    """Choices asked for; a backend without a native ``n`` is asked ``n`` times (``Chunk.index``)."""
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[int, float] | None = None
-    """Token id to a bias in [-100, 100]."""
-    user: str | None = None
-    echo: bool = False
-    """Completions: the prompt is returned before the answer."""
-    continue_final: bool = False
-    """Chat: the last message is the assistant's and the answer continues it (an Anthropic prefill): the
-    template renders that turn open, without its end-of-turn and without a new generation prompt."""
-    stream: bool = False
-    """The client reads the answer as it is generated: an engine that can either answer whole or stream
-    (Triton's ensemble) streams it then."""
-    whole: bool = False
-    """The gateway takes this answer whole: nothing of it is needed before its end (the client asked
-    for a whole answer and the attempt needs no first token: no hedging, no admission by queue wait).
-    An engine that can answer either way (the OpenAI-compatible ones) is then asked for a whole
-    answer, which costs it and the gateway less than a stream; the gateway waits for it under the
-    whole answer's deadline (``WholeAnswers``)."""
-    clock: EngineClock = field(default_factory=EngineClock, compare=False, repr=False)
-    headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
-    """More HTTP headers for this attempt's request to an engine reached over HTTP: the gateway's trace
-    context (``traceparent``), which vLLM and TGI continue. Engines in process ignore them."""
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @value(frozen=True)

@@ -41,7 +41,6 @@ from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationReq
 from backends.capabilities import Capabilities
 from backends.http_errors import context_figures
 from gateway.pipeline.restreams import Recount, fan_in, recounted
-from values import evolve
 
 ESTIMATE_MARGIN = 1.25
 CHARS_PER_TOKEN = 4
@@ -84,7 +83,7 @@ def default_length(request: GenerationRequest, cap: int, context: int, prompt_to
     ``prompt_tokens`` (``prompt_bound``), at least one."""
     if request.max_tokens is not None:
         return request
-    return evolve(request, max_tokens=max(1, min(cap, context - prompt_tokens)))
+    return request.sized(max(1, min(cap, context - prompt_tokens)))
 
 
 def open_sized(

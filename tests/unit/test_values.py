@@ -9,12 +9,12 @@ import inspect
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 import routing.types
-from backends.base import GenerationRequest
+from backends.base import EngineClock, GenerationRequest
 from tests.compiled import interpreted_only
 from values import evolve, value
 
@@ -131,3 +131,33 @@ def test_a_written_out_init_sets_every_field() -> None:
             factory = cast("Callable[[], object]", f.default_factory)
             expected = f.default if f.default is not MISSING else factory()
             assert getattr(made, f.name) == expected, (cls, f.name)
+
+
+def test_sized_gives_what_evolve_gives() -> None:
+    """``GenerationRequest.sized`` spells every field out (compiled, for every request without a length):
+    a field added to the request and missed there would differ from ``evolve``'s copy here."""
+    defaults = GenerationRequest("r", "m")
+    values: dict[str, Any] = {}
+    for f in fields(GenerationRequest)[2:]:
+        now = getattr(defaults, f.name)
+        values[f.name] = {
+            int: 5,
+            float: 0.5,
+            bool: not now,
+            str: "x",
+            tuple: ("s",),
+            dict: {"k": 1},
+            list: [{"role": "user"}],
+        }.get(type(now), now)
+    values.update(
+        max_tokens=9, messages=[{"role": "user"}], prompt="p", seed=3, tool_choice="none", parallel_tool_calls=True
+    )
+    values.update(response_format={"type": "json_object"}, presence_penalty=0.1, frequency_penalty=0.2)
+    values.update(logit_bias={1: 2.0}, user="u", clock=EngineClock(1.0), headers={"traceparent": "t"})
+    request = GenerationRequest("r", "m", **values)
+    assert all(getattr(request, f.name) != getattr(defaults, f.name) for f in fields(GenerationRequest)[2:])
+    sized = request.sized(7)
+    assert sized == evolve(request, max_tokens=7)
+    assert [getattr(sized, f.name) for f in fields(GenerationRequest)] == [
+        getattr(evolve(request, max_tokens=7), f.name) for f in fields(GenerationRequest)
+    ]  # clock and headers too, which equality leaves out
