@@ -59,45 +59,56 @@ def to_generation(
             f"'{param}' is {max_tokens}; this gateway allows at most {max_tokens_cap}.", param, "invalid_value"
         )
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    # Each field by keyword, in both calls: GenerationRequest(**common) was a generic call whose keyword
-    # parsing cost more than all the rest of this function (compiled, a direct call).
-    model, seed, user, n = body.model, body.seed, body.user, body.n or 1
-    temperature = 1.0 if body.temperature is None else body.temperature
-    top_p = 1.0 if body.top_p is None else body.top_p
-    extra = dict(body.model_extra) if body.model_extra else {}
-    presence, frequency = body.presence_penalty, body.frequency_penalty
-    bias = {int(k): float(v) for k, v in body.logit_bias.items()} if body.logit_bias else None
-    stream = bool(body.stream)
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls, echo = None, False
     if isinstance(body, ChatBody):
         if len(body.messages) > max_messages:
             raise bad_request(f"Too many messages: at most {max_messages}.", "messages", "invalid_value")
+        messages = [_message(m) for m in body.messages]
+        tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+        choice = body.tool_choice
+        tool_choice = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
+        parallel_tool_calls = body.parallel_tool_calls
         fmt = body.response_format
-        response_format: dict[str, Any] | None = None
         if fmt is not None and fmt.type != "text":
             response_format = fmt.model_dump(exclude_none=True, by_alias=True)
-        tool_choice = body.tool_choice
-        return GenerationRequest(
-            request_id=request_id, model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-            stop=stop, seed=seed, extra=extra, n=n, presence_penalty=presence, frequency_penalty=frequency,
-            logit_bias=bias, user=user, stream=stream, whole=not stream,
-            messages=[_message(m) for m in body.messages],
-            tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
-            tool_choice=tool_choice.model_dump() if isinstance(tool_choice, NamedToolChoice) else tool_choice,
-            parallel_tool_calls=body.parallel_tool_calls,
-            response_format=response_format,
-            logprobs=bool(body.logprobs),
-            top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
-        )  # fmt: skip
-    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+        logprobs, top_logprobs = bool(body.logprobs), body.top_logprobs or 0 if body.logprobs else 0
+    else:
+        prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+        logprobs, top_logprobs, echo = body.logprobs is not None, body.logprobs or 0, bool(body.echo)
+    stream = bool(body.stream)
+    # Every field by keyword in one call: GenerationRequest(**fields) was a generic call whose keyword
+    # parsing cost more than all the rest of this function (compiled, a direct call).
     return GenerationRequest(
-        request_id=request_id, model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-        stop=stop, seed=seed, extra=extra, n=n, presence_penalty=presence, frequency_penalty=frequency,
-        logit_bias=bias, user=user, stream=stream, whole=not stream,
+        request_id=request_id,
+        model=body.model,
+        max_tokens=max_tokens,
+        messages=messages,
         prompt=prompt,
-        logprobs=body.logprobs is not None,
-        top_logprobs=body.logprobs or 0,
-        echo=bool(body.echo),
-    )  # fmt: skip
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=stop,
+        seed=body.seed,
+        extra=dict(body.model_extra) if body.model_extra else {},
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+        response_format=response_format,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        n=body.n or 1,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias={int(k): float(v) for k, v in body.logit_bias.items()} if body.logit_bias else None,
+        user=body.user,
+        echo=echo,
+        stream=stream,
+        whole=not stream,
+    )
 
 
 def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
