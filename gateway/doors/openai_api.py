@@ -177,7 +177,7 @@ def _check(body: ChatBody | CompletionBody) -> None:
                 "logit_bias",
                 "invalid_value",
             )
-    if isinstance(body, CompletionBody):
+    if type(body) is CompletionBody:
         if body.best_of is not None and body.best_of > (body.n or 1):
             raise _unsupported(
                 "best_of", "'best_of' greater than 'n' is not supported: no engine here ranks candidates."
@@ -193,7 +193,7 @@ def _check(body: ChatBody | CompletionBody) -> None:
             "tool_choice",
             "invalid_value",
         )
-    if isinstance(body.tool_choice, NamedToolChoice):
+    if type(body.tool_choice) is NamedToolChoice:
         name = body.tool_choice.function.name
         if not any(t.function.name == name for t in body.tools or ()):
             raise bad_request(f"Tool choice '{name}' is not one of the tools given.", "tool_choice", "invalid_value")
@@ -217,7 +217,7 @@ def _check(body: ChatBody | CompletionBody) -> None:
             "modalities", "Audio output is not supported by this gateway: 'modalities' must be ['text']."
         )
     for i, m in enumerate(body.messages):
-        if isinstance(m, AssistantMessage) and m.content is None and not m.tool_calls and m.refusal is None:
+        if type(m) is AssistantMessage and m.content is None and not m.tool_calls and m.refusal is None:
             raise bad_request(
                 f"Invalid 'messages[{i}]': an assistant message needs 'content' or 'tool_calls'.",
                 f"messages[{i}].content",

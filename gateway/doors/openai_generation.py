@@ -27,22 +27,22 @@ def _content(m: SystemMessage | UserMessage | AssistantMessage | ToolMessage) ->
         return ""
     if isinstance(content, str):
         return content
-    if any(isinstance(p, ImagePart) for p in content):
+    if any(type(p) is ImagePart for p in content):
         return [p.model_dump(exclude_none=True) for p in content]
-    return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)  # type: ignore[union-attr]
+    return "".join(p.text if type(p) is TextPart else p.refusal for p in content)  # type: ignore[union-attr]
 
 
 def _message(m: SystemMessage | UserMessage | AssistantMessage | ToolMessage) -> dict[str, Any]:
     # developer is what newer OpenAI models call system: every engine here knows system.
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _content(m)}
-    if isinstance(m, AssistantMessage) and m.tool_calls:
+    if type(m) is AssistantMessage and m.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in m.tool_calls
         ]
-    if isinstance(m, ToolMessage):
+    if type(m) is ToolMessage:
         out["tool_call_id"] = m.tool_call_id
-    if not isinstance(m, ToolMessage) and m.name is not None:
+    elif m.name is not None:
         out["name"] = m.name
     return out
 
@@ -52,7 +52,7 @@ def to_generation(
 ) -> GenerationRequest:
     max_tokens = body.max_tokens
     param = "max_tokens"
-    if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
+    if type(body) is ChatBody and body.max_completion_tokens is not None:
         max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
     if max_tokens is not None and max_tokens > max_tokens_cap:
         raise bad_request(
@@ -65,13 +65,13 @@ def to_generation(
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls, echo = None, False
-    if isinstance(body, ChatBody):
+    if type(body) is ChatBody:
         if len(body.messages) > max_messages:
             raise bad_request(f"Too many messages: at most {max_messages}.", "messages", "invalid_value")
         messages = [_message(m) for m in body.messages]
         tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
         choice = body.tool_choice
-        tool_choice = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
+        tool_choice = choice.model_dump() if type(choice) is NamedToolChoice else choice
         parallel_tool_calls = body.parallel_tool_calls
         fmt = body.response_format
         if fmt is not None and fmt.type != "text":
@@ -93,7 +93,7 @@ def to_generation(
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=stop,
         seed=body.seed,
-        extra=dict(body.model_extra) if body.model_extra else {},
+        extra=dict(extra) if (extra := body.__pydantic_extra__) else {},
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel_tool_calls,
@@ -117,7 +117,7 @@ def described(body: ChatBody | CompletionBody) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if body.user is not None:
         out["user"] = body.user
-    if isinstance(body, ChatBody):
+    if type(body) is ChatBody:
         if body.metadata:
             out["metadata"] = body.metadata
         if body.safety_identifier is not None:
