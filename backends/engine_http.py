@@ -7,11 +7,8 @@ to these functions: they run once or twice per request, and this module is compi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
-
-import orjson
 
 from backends import http_errors
 from backends.base import BackendError, EngineClock, ErrorKind, GenerationRequest
@@ -24,6 +21,7 @@ from backends.httpclient import (
     RequestNotSentError,
     Response,
 )
+from values.calls import json_dumps, perf_counter
 
 
 def header_lines(headers: Mapping[str, str]) -> bytes:
@@ -45,7 +43,7 @@ async def open_response(
     status is 2xx; the caller releases it (``Response.release``: back to the pool if its body came in
     whole, else closed: leaving before the body's end is how engines learn that a request was cancelled)."""
     clock = request.clock
-    started = time.perf_counter()
+    started = perf_counter()
     rid = request.request_id
     # The id goes into a header line: only when it cannot break one (the gateway's ids always can't).
     headers = b"x-request-id: %s\r\n" % rid.encode() if rid.isascii() and rid.isprintable() else b""
@@ -54,9 +52,9 @@ async def open_response(
     if request.headers:
         headers += header_lines(request.headers)
     try:
-        response = await client.request("POST", path, orjson.dumps(payload), headers)
+        response = await client.request("POST", path, json_dumps(payload), headers)
     except BaseException as exc:
-        clock.waited_s += time.perf_counter() - started
+        clock.waited_s += perf_counter() - started
         if isinstance(exc, OSError):
             raise request_error(name, exc) from exc
         raise
@@ -88,14 +86,14 @@ async def open_response(
 
 async def read_body(name: str, response: Response, clock: EngineClock | None = None) -> bytes:
     """The response's whole body; the wait goes on ``clock``, a broken read is a ``BackendError``."""
-    started = time.perf_counter()
+    started = perf_counter()
     try:
         return await response.read()
     except OSError as exc:
         raise transport_error(name, exc) from exc
     finally:
         if clock is not None:
-            clock.waited_s += time.perf_counter() - started
+            clock.waited_s += perf_counter() - started
 
 
 def request_error(name: str, exc: OSError) -> BackendError:

@@ -14,7 +14,6 @@ compiled by mypyc (``pyproject.toml``), which compiles no async generators.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ from backends import http_errors
 from backends.base import BackendError, EngineClock, ErrorKind
 from backends.httpclient import Response
 from backends.sse import Event, EventParser, lone_data
+from values.calls import json_loads, perf_counter
 
 
 class EventSource(Protocol):
@@ -41,7 +41,7 @@ def json_doc(name: str, data: str) -> Any:
     """An event's data (or a whole answer) parsed; a ``BackendError`` from engine ``name`` when it is not
     JSON. Here rather than on the adapter, which stays interpreted: once per streamed event."""
     try:
-        return orjson.loads(data)
+        return json_loads(data)
     except orjson.JSONDecodeError as exc:
         raise BackendError(ErrorKind.PROTOCOL, f"{name}: not JSON in stream: {data[:200]!r}") from exc
 
@@ -131,13 +131,13 @@ class EventBatches:
         """Resolved when more of the body has arrived (``next_batch`` then); the time waited goes on
         the request's engine clock. ``listener``: see ``Response.wait``. If the wait fails, ``failure``
         says what to raise."""
-        self._waiting = time.perf_counter()
+        self._waiting = perf_counter()
         return self._response.wait(listener)
 
     def wait_on(self) -> None:
         """A listener took what arrived (``next_batch``) and the wait goes on: its clock and deadline
         start again."""
-        self._waiting = time.perf_counter()
+        self._waiting = perf_counter()
         self._response.waiting_on()
 
     def failure(self, exc: BaseException) -> BaseException:

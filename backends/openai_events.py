@@ -26,6 +26,7 @@ from backends.base import EngineClock
 from backends.event_batches import EventBatches, EventSource
 from backends.httpclient import Response
 from backends.sse import Event
+from values.calls import json_dumps, json_loads
 
 _PROBE = "\x00enginegate-probe\x00"
 
@@ -78,13 +79,13 @@ class TextTemplate:
         """The template of event ``data`` (parsed: ``doc``, a delta of ``text`` alone), or None where
         the text is not found once, as this encoder writes it, right after the delta's key, or where
         another string there would not be read as the delta's text."""
-        encoded = orjson.dumps(text).decode()
+        encoded = json_dumps(text).decode()
         at = data.find(encoded)
         if at < 0 or data.find(encoded, at + 1) >= 0 or not data[:at].rstrip().endswith('"content":'):
             return None
         template = TextTemplate(data[:at], data[at + len(encoded) :])
         try:  # the same event with another text must read as exactly that: nothing else moved
-            probe = orjson.loads(template.before + orjson.dumps(_PROBE).decode() + template.after)
+            probe = json_loads(template.before + json_dumps(_PROBE).decode() + template.after)
         except orjson.JSONDecodeError:
             return None
         if first_text(probe) != _PROBE:
@@ -101,7 +102,7 @@ class TextTemplate:
         if middle[:1] != '"':
             return None
         try:
-            text = orjson.loads(middle)
+            text = json_loads(middle)
         except orjson.JSONDecodeError:  # more than one string: another document, parsed whole
             return None
         return text if type(text) is str and text else None
@@ -119,7 +120,7 @@ class TextTemplate:
         if middle[0] != 34:  # a quote
             return False
         try:
-            text = orjson.loads(middle)
+            text = json_loads(middle)
         except orjson.JSONDecodeError:  # more than one string, or bytes that are not UTF-8: parsed whole
             return False
         if type(text) is not str or not text:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
-import time
 import zlib
 from collections.abc import Callable
 from typing import Protocol
@@ -27,6 +26,7 @@ from backends.httpclient.errors import (
     ResponseTimeout,
 )
 from backends.httpclient.outbox import Outbox
+from values.calls import perf_counter
 
 # Servers close idle connections on timers of a second or more: a connection idle for less needs no
 # look at its socket (a system call) before it is reused.
@@ -281,7 +281,7 @@ class Connection(asyncio.Protocol):
         self.client.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        self.arrived = time.perf_counter()
+        self.arrived = perf_counter()
         if not self.busy or self.done:
             # Bytes nobody asked for: the connection can no longer be trusted for another request.
             self.keep_alive = False

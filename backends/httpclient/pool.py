@@ -16,6 +16,7 @@ from backends.httpclient.errors import (
 )
 from backends.httpclient.outbox import Outbox
 from backends.httpclient.response import Response
+from values.calls import running_loop
 
 DEFAULT_READ_LIMIT = 8 * 1024 * 1024
 DEFAULT_HEAD_LIMIT = 64 * 1024
@@ -195,7 +196,7 @@ class HttpClient:
         if self._slots < self.max_connections:
             self._slots += 1
             return await self._open_in_slot(), False
-        waiter: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Connection | None] = running_loop().create_future()
         self._waiters.append(waiter)
         try:
             got = await waiter
@@ -235,7 +236,7 @@ class HttpClient:
         return await self._open_in_slot()
 
     async def _connect(self) -> Connection:
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         outbox = self._outbox
         if outbox is None or outbox.loop is not loop:
             outbox = self._outbox = Outbox(loop)
@@ -278,7 +279,7 @@ class HttpClient:
         """Close idle connections past their idle limit, so that none outlives the server's keep-alive
         (which would close it, perhaps just as a request is written)."""
         self._sweeper = None
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         now = loop.time()
         keep, next_at = [], float("inf")
         for conn in self._idle:

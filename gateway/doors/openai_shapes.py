@@ -8,14 +8,12 @@ index, id, type and name first, then argument fragments); log probabilities leav
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from backends.base import Chunk, TokenLogprob, ToolCallDelta, Usage
 from gateway.pipeline.surfaces import UsageTotal
+from values.calls import json_dumps, wall_time
 
 
 def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
@@ -85,7 +83,7 @@ def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]
 def _rendered(parts: tuple[bytes, bytes], texts: tuple[str, ...] | list[str]) -> bytes:
     """The text events of ``texts`` from a choice's template (the bytes before and after its text)."""
     before, after = parts
-    return b"".join([before + orjson.dumps(text) + after for text in texts])
+    return b"".join([before + json_dumps(text) + after for text in texts])
 
 
 def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
@@ -101,7 +99,7 @@ def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
 
 _HOLE = "\x00enginegate-text\x00"
 """Where a text delta's text goes in its event's template (a NUL cannot come from a model name or id)."""
-_HOLE_JSON = orjson.dumps(_HOLE)
+_HOLE_JSON = json_dumps(_HOLE)
 
 
 class ResponseShape:
@@ -111,7 +109,7 @@ class ResponseShape:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.model = model
-        self.created = int(time.time())
+        self.created = int(wall_time())
         self.include_usage = include_usage
         self.n = n
         self._object = "chat.completion.chunk" if chat else "text_completion"
@@ -210,7 +208,7 @@ class ResponseShape:
         parts = self._text_template(index)
         if parts is None:
             return None
-        return parts[0] + orjson.dumps(text) + parts[1]
+        return parts[0] + json_dumps(text) + parts[1]
 
     def text_events(self, index: int, texts: tuple[str, ...]) -> bytes | None:
         """``text_event`` of each of ``texts``, in one piece of bytes."""
@@ -230,7 +228,7 @@ class ResponseShape:
         if index in events:
             return events[index]
         doc = self._chunk({"index": index, "delta": {"content": _HOLE}, "logprobs": None, "finish_reason": None})
-        pieces = orjson.dumps(doc).split(_HOLE_JSON)
+        pieces = json_dumps(doc).split(_HOLE_JSON)
         parts = events[index] = (b"data: " + pieces[0], pieces[1] + b"\n\n") if len(pieces) == 2 else None
         return parts
 

@@ -14,11 +14,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from starlette.types import Receive, Send
 
 from gateway.http.coalesce import chunk_now, chunk_open, cycle_of, send_chunk, send_whole, start_chunked, write_chunk
 from gateway.http.errors import ApiError
+from values.calls import current_task, json_dumps
 
 DONE = b"data: [DONE]\n\n"
 WATCH_AFTER_S = 0.05
@@ -40,7 +40,7 @@ class ClientGone(Exception):
 
 
 def event(doc: Any) -> bytes:
-    return b"data: " + orjson.dumps(doc) + b"\n\n"
+    return b"data: " + json_dumps(doc) + b"\n\n"
 
 
 class Exchange:
@@ -71,8 +71,8 @@ class Exchange:
         self.started = False
         self.left = False
         """The client disconnected (and the request's task was cancelled because of it)."""
-        known = asyncio.current_task(loop) if loop is not None else None  # None: a test's other loop
-        task = known if known is not None else asyncio.current_task()
+        known = current_task(loop) if loop is not None else None  # None: a test's other loop
+        task = known if known is not None else current_task()
         if task is None:
             raise RuntimeError("an exchange is served by a task")
         self.task: asyncio.Task[Any] = task

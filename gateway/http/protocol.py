@@ -16,7 +16,6 @@ import itertools
 import logging
 import random
 import termios
-import time
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httptools
@@ -30,6 +29,7 @@ from gateway.http.bodies import json_post, yaml_post
 from gateway.http.coalesce import HeadWithBody
 from gateway.http.errors import ApiError
 from gateway.http.limits import HEALTH_ROOM, Limits, host_name
+from values.calls import perf_counter
 
 if TYPE_CHECKING:
     import asyncio
@@ -149,7 +149,7 @@ class Guard:
         return ok
 
     def sweep(self) -> None:
-        now = time.perf_counter()
+        now = perf_counter()
         for conn in list(self.connections):
             if isinstance(conn, GatewayHttpProtocol):
                 conn.expire(now)
@@ -188,7 +188,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.guard = Guard.of(config, server_state, self.loop)
         self.limits = self.guard.limits
         self.phase = _IDLE
-        self.since = time.perf_counter()
+        self.since = perf_counter()
         self._head_bytes = 0
         self._parsed_head = 0
         self._body_bytes = 0
@@ -265,7 +265,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle.disconnected = True  # the app's receive() now says the client is gone
             cycle.message_event.set()
         self.leave(_LINGER)
-        self.since = time.perf_counter()
+        self.since = perf_counter()
         if answering or transport.is_closing():
             transport.close()
             return
@@ -281,7 +281,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # Parser callbacks
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        now = time.perf_counter()
+        now = perf_counter()
         self.scope[RECEIVED] = now  # type: ignore[literal-required]
         self.leave(_HEAD)
         self.since = now
@@ -299,7 +299,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.refuse(err)
             raise _Refused
         self.phase = _BODY
-        self.since = time.perf_counter()
+        self.since = perf_counter()
         self._body_bytes = 0
         super().on_headers_complete()
         cycle = self.cycle
@@ -353,7 +353,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         cycle = self.cycle
         if cycle is not None and cycle.response_complete:  # answered before the body was all in
-            self.rest(time.perf_counter())
+            self.rest(perf_counter())
         else:
             self.phase = _BUSY
         super().on_message_complete()
@@ -361,10 +361,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self.phase == _BUSY and (self.cycle is None or self.cycle.response_complete):
-            self.rest(time.perf_counter())
+            self.rest(perf_counter())
 
     def pause_writing(self) -> None:
-        self._paused_at = time.perf_counter()
+        self._paused_at = perf_counter()
         self._paused_size = self.transport.get_write_buffer_size()
         super().pause_writing()
 

@@ -25,6 +25,7 @@ from typing import Generic, Protocol, TypeVar
 from backends.answer_stream import AnswerStream
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest, WholeAnswers
 from values import value
+from values.calls import current_task, running_loop
 
 log = logging.getLogger("enginegate.dispatch")
 
@@ -235,7 +236,7 @@ async def _attempt(
     """One backend up to its commit point; any failure is reported, closes its stream and raises a
     ``BackendError``. ``tokens``: the prompt's size, for the tracker's prefill backlog."""
     at_once = opening.at_once(target)
-    task = asyncio.current_task(loop)  # with the loop given: no look-up of the running loop
+    task = current_task(loop)  # with the loop given: no look-up of the running loop
     if task is None:
         raise RuntimeError("an attempt runs in a task")
     now = loop.time()
@@ -322,7 +323,7 @@ async def start(
     company: the next target starts too, the first to answer wins and the other is cancelled.
     ``tracker`` hears of every attempt; the committed one's ``end`` is the caller's to report. ``loop``:
     the running one, when the caller has it at hand (``Exchange.loop``): looking it up is a system call."""
-    loop = asyncio.get_running_loop() if loop is None else loop
+    loop = running_loop() if loop is None else loop
     queue = list(targets)
     failures: list[tuple[str, BackendError]] = []
     if hedge_after is None or len(queue) < 2:

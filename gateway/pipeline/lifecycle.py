@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,6 +25,7 @@ from gateway.telemetry.arms import arm_end
 from gateway.whatif.records import Replayed, log_fields
 from routing.decisions import Decision
 from routing.types import RequestFeatures
+from values.calls import perf_counter, wall_time
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -129,7 +129,7 @@ class RequestLife:
     def first_token(self, target: Entry, prompt_tokens: int) -> None:
         # When each attempt's first token came: a whole answer commits at its end, but its time to
         # first token (what the estimator learns and the histogram shows) is this moment.
-        self._firsts[target.name] = now = time.perf_counter()
+        self._firsts[target.name] = now = perf_counter()
         if self.trace is not None:
             self.trace.first_token(target.name, now - self.started)
         self.state.fleet.accounts.first_token(target, self._fresh(target, prompt_tokens))
@@ -176,7 +176,7 @@ class RequestLife:
         self.model, self.decision, self.stream, self.features = model, decision, stream, features
         self.arm_budgets = armed
         if self.trace is not None:
-            self.trace.routed(decision, features, began or time.perf_counter())
+            self.trace.routed(decision, features, began or perf_counter())
         self.ex.header("x-enginegate-route", decision.reason.value)
         if decision.rule and self._named:
             self.ex.header("x-enginegate-rule", decision.rule)
@@ -187,7 +187,7 @@ class RequestLife:
         """``chosen_whole``: the engine was asked whole although it could stream (no time to learn from)."""
         entry = committed.target
         self.entry = entry
-        self.first_at = self._firsts.get(entry.name) or time.perf_counter()
+        self.first_at = self._firsts.get(entry.name) or perf_counter()
         self.ttft_s = self.first_at - self.started
         self.at_once, self.chosen_whole = committed.at_once, chosen_whole
         self.state.metrics.attempt(entry.name, "ok")
@@ -221,7 +221,7 @@ class RequestLife:
     def overhead_header(self, engine_wait_s: float) -> None:
         """The request's time in the gateway so far minus the time it waited on its engine."""
         self.engine_wait_s = engine_wait_s
-        seconds = max(0.0, time.perf_counter() - self.started - engine_wait_s)
+        seconds = max(0.0, perf_counter() - self.started - engine_wait_s)
         self.state.metrics.overhead(self.route, seconds)
         self.ex.header("x-enginegate-overhead-ms", f"{seconds * 1000:.3f}")
 
@@ -240,7 +240,7 @@ class RequestLife:
             self.state.fleet.accounts.answered(entry)
         else:
             if tokens > 1:
-                tpot_s = (time.perf_counter() - self.first_at) / (tokens - 1)
+                tpot_s = (perf_counter() - self.first_at) / (tokens - 1)
             candidates = self.decision.candidates if self.decision is not None else ()
             prior = next((c.prediction.prior_ttft_ms for c in candidates if c.backend == entry.name), None)
             ttft_ms, tpot_ms = self.ttft_s * 1000, None if tpot_s is None else tpot_s * 1000
@@ -251,7 +251,7 @@ class RequestLife:
             self._reuse_reported(entry, usage.cached_tokens)
         if usage is not None and not cancelled:
             self.state.metrics.answered(
-                self.route, self.model, entry.name, time.perf_counter() - self.started,
+                self.route, self.model, entry.name, perf_counter() - self.started,
                 None if self.chosen_whole else self.ttft_s, tpot_s,
                 usage.prompt_tokens, usage.completion_tokens,
             )  # fmt: skip
@@ -349,7 +349,7 @@ class RequestLife:
         replayed = None
         if features is not None and (recent is not None or logging_on):
             # What a what-if replay needs (gateway/whatif): routed requests only, never their text.
-            arrived = round(time.time() - (time.perf_counter() - self.started), 3)
+            arrived = round(wall_time() - (perf_counter() - self.started), 3)
             replayed = Replayed(arrived, features, usage.completion_tokens if usage else None)
             if recent is not None:
                 recent.append(replayed)
@@ -363,7 +363,7 @@ class RequestLife:
             entry, decision = self.entry, self.decision
             assert decision is not None
             failed = outcome == "error" and (entry is not None or bool(self.failures))
-            elapsed_s = time.perf_counter() - self.started
+            elapsed_s = perf_counter() - self.started
             profile = entry.profile if entry is not None else None
             times = (elapsed_s, self.ttft_s, self._tpot_s)
             self.state.splits.ended(arm_end(decision, self.arm_budgets, profile, outcome, failed, times, usage))
@@ -388,7 +388,7 @@ class RequestLife:
                 "attempts": self.attempts,
                 "fallbacks": self.fallbacks,
                 "ttft_ms": round(self.ttft_s * 1000, 3) if self.entry is not None else None,
-                "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+                "duration_ms": round((perf_counter() - self.started) * 1000, 3),
                 "engine_wait_ms": round(self.engine_wait_s * 1000, 3),
                 "prompt_tokens": usage.prompt_tokens if usage else None,
                 "completion_tokens": usage.completion_tokens if usage else None,

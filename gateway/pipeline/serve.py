@@ -13,7 +13,6 @@ for routing, generated on a target with the gateway's per-backend shaping.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
@@ -39,6 +38,7 @@ from routing.decisions import Decision, Reason
 from routing.features import InvalidHeader
 from routing.policy import priority_factor
 from routing.types import FleetSnapshot, RequestFeatures
+from values.calls import json_dumps, json_loads, perf_counter
 
 if TYPE_CHECKING:
     from gateway.state import AppState, Runtime
@@ -54,7 +54,7 @@ async def serve(
     """Answer one request of ``door`` on ``ex``; errors before the answer starts raise ``ApiError``.
     ``received``: when the HTTP server parsed the request's first byte (``perf_counter``), if known; ``path``:
     its route. The request's ``RequestLife`` records how it ended, whichever way that is."""
-    started = received if received is not None else time.perf_counter()
+    started = received if received is not None else perf_counter()
     life = RequestLife(state, door.route, ex, started)
     if state.tracing is not None:  # its spans; an incoming traceparent makes them its caller's children
         life.trace = state.tracing.request(headers, ex.request_id, door.route, path, started)
@@ -109,7 +109,7 @@ async def _serve(ex: Exchange, headers: Mapping[str, str], state: AppState, door
         return
     doc, usage = work.whole(committed.first)  # a whole answer: dispatch read it to its end
     life.answered(usage)
-    payload = orjson.dumps(doc)
+    payload = json_dumps(doc)
     life.overhead_header(work.clock.waited_s)
     await ex.respond(200, payload)
     if missed is not None:
@@ -120,7 +120,7 @@ async def _json(ex: Exchange, headers: Mapping[str, str], limits: LimitsConfig) 
     raw = await ex.body(limits.max_body_bytes, headers.get("content-length"))
     ex.watch()
     try:
-        return orjson.loads(raw)
+        return json_loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error_for_json(exc) from None
 
@@ -176,7 +176,7 @@ def _route(
 ) -> Decision:  # fmt: skip
     """``choose()`` (within the arm of a weighted split), counted and told (``x-enginegate-route``); a
     refusal when no backend takes it."""
-    began = time.perf_counter() if life.trace is not None else 0.0
+    began = perf_counter() if life.trace is not None else 0.0
     decision, armed = routed(state.splits, rt.rules, feats, snapshot, headers)
     state.metrics.decision(decision.reason.value, decision.candidates[0].backend if decision.candidates else "none")
     life.routed(work.model, decision, work.events is not None, feats, armed, began)

@@ -35,12 +35,11 @@ import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
-import orjson
-
 from backends.base import Backend, BackendError, Chunk, ErrorKind, GenerationRequest
 from backends.capabilities import Capabilities
 from backends.http_errors import context_figures
 from gateway.pipeline.restreams import Recount, fan_in, recounted
+from values.calls import json_dumps
 
 ESTIMATE_MARGIN = 1.25
 CHARS_PER_TOKEN = 4
@@ -73,7 +72,7 @@ def prompt_bound(request: GenerationRequest, exact: int | None) -> int:
             chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
     fixed = TEMPLATE_TOKENS + MESSAGE_TOKENS * len(request.messages) + IMAGE_TOKENS * images
     if request.tools:
-        chars += len(orjson.dumps(list(request.tools)))
+        chars += len(json_dumps(list(request.tools)))
         fixed += TOOLS_TOKENS
     return math.ceil(ESTIMATE_MARGIN * chars / CHARS_PER_TOKEN) + fixed
 
