@@ -19,7 +19,8 @@ except while the client is slow to read: a paused transport is ``send``'s, which
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Final
 
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
@@ -29,6 +30,20 @@ if TYPE_CHECKING:
 _OWN = frozenset((b"connection", b"transfer-encoding", b"content-length"))
 """Header names whose lines change what the cycle does with the connection or the body: never sent by
 ``send_whole`` (the content length is its own)."""
+
+
+def _refusals(refused: re.Pattern[bytes]) -> bytes:
+    """A ``bytes.translate`` table that maps each byte ``refused`` matches to NUL and every other byte to
+    itself: a NUL in the translation of header bytes is exactly a match in them, since NUL is one of the
+    bytes both of uvicorn's patterns refuse. One pass of a table in C, where the pattern's search costs
+    several times as much (about 7,000 instructions for a response's header names)."""
+    if not refused.match(b"\x00"):
+        raise RuntimeError(f"{refused.pattern!r} takes NUL: no table for it")
+    return bytes(0 if refused.match(bytes((b,))) else b for b in range(256))
+
+
+_NAME_REFUSALS: Final = _refusals(HEADER_RE)
+_VALUE_REFUSALS: Final = _refusals(HEADER_VALUE_RE)
 
 _INTERIM = b"HTTP/1.1 1"
 """An interim response (``100 Continue``): the client waits for it before sending its body, so it is
@@ -91,8 +106,9 @@ def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, b
     lines = [*cycle.default_headers, *headers]
     names = b"".join([name for name, _ in lines])
     values = b"".join([value for _, value in lines])
-    # One character class each: a search over the joined names (values) finds what one per line finds.
-    if HEADER_RE.search(names) or HEADER_VALUE_RE.search(values):
+    # uvicorn's character classes, as tables: one pass over the joined names (values) finds what its
+    # search of each line finds.
+    if b"\x00" in names.translate(_NAME_REFUSALS) or b"\x00" in values.translate(_VALUE_REFUSALS):
         return None  # send raises for it, as it should
     content = [STATUS_LINE[status]]
     for name, value in lines:

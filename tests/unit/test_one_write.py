@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
 from uvicorn.server import ServerState
 
 from gateway.http import exchange
-from gateway.http.coalesce import HeadWithBody, cycle_of, send_chunk, send_whole, start_chunked
+from gateway.http.coalesce import HeadWithBody, _head, cycle_of, send_chunk, send_whole, start_chunked
 from gateway.http.exchange import Exchange
 from gateway.http.protocol import GatewayHttpProtocol
 from tests.compiled import compiled
@@ -215,6 +216,32 @@ def test_a_header_send_refuses_is_left_to_send() -> None:
 
     writes, _, _ = _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
     assert writes[0].endswith(b"\r\n\r\n{}")
+
+
+def test_every_byte_send_refuses_in_a_header_is_refused_and_no_other() -> None:
+    """The head is left to ``send`` for a header name or value holding a byte uvicorn's patterns refuse,
+    and built for one holding any other byte: all 256, in a name and in a value, against the patterns."""
+    refused: list[tuple[str, int, bool, bool]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        cycle = cycle_of(send)
+        assert cycle is not None
+        for b in range(256):
+            byte = bytes((b,))
+            for where, headers, pattern in (
+                ("name", [(b"x-a" + byte + b"b", b"v")], HEADER_RE),
+                ("value", [(b"x-a", b"v" + byte + b"w")], HEADER_VALUE_RE),
+            ):
+                refused.append((where, b, _head(cycle, 200, headers) is None, pattern.search(byte) is not None))
+        await Exchange(receive, send, "r1").respond(200, b"{}")
+
+    _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
+    assert len(refused) == 512
+    assert [r for r in refused if r[2] != r[3]] == []
+    assert sum(r[2] for r in refused) > 60  # both patterns refuse some bytes: the check can fail
 
 
 def _stream_app(direct: bool, heard: list[Any], ends: tuple[bytes, ...]) -> Any:
