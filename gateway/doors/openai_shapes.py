@@ -9,7 +9,7 @@ index, id, type and name first, then argument fragments); log probabilities leav
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, final
 
 from backends.base import Chunk, TokenLogprob, ToolCallDelta, Usage
 from gateway.pipeline.surfaces import UsageTotal
@@ -80,12 +80,6 @@ def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]
     }
 
 
-def _rendered(parts: tuple[bytes, bytes], texts: tuple[str, ...] | list[str]) -> bytes:
-    """The text events of ``texts`` from a choice's template (the bytes before and after its text)."""
-    before, after = parts
-    return b"".join([before + json_dumps(text) + after for text in texts])
-
-
 def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
     if d.id is not None or d.name is not None:  # a call's first piece names it
         return {
@@ -97,9 +91,42 @@ def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
     return {"index": d.index, "function": {"arguments": d.arguments}}
 
 
-_HOLE = "\x00enginegate-text\x00"
-"""Where a text delta's text goes in its event's template (a NUL cannot come from a model name or id)."""
-_HOLE_JSON = json_dumps(_HOLE)
+@final
+class _ChoiceEvents:
+    """A chat stream's plain events of one choice (text, a finish, the role; no tool calls or log
+    probabilities) as the bytes around their delta, rendered once per choice: byte for byte the events
+    ``delta`` and ``exchange.event`` make of the same chunk, with one ``orjson.dumps`` of a string where
+    the document path builds three dicts and dumps them (most of a stream's events are a text alone)."""
+
+    __slots__ = ("between", "head", "tail", "text_after", "text_before")
+
+    def __init__(self, shape: ResponseShape, index: int) -> None:
+        # The document's keys in ``_chunk``'s order, as orjson writes them (compact, strings escaped by it).
+        self.head = b"".join((
+            b'data: {"id":', json_dumps(shape.id), b',"object":"chat.completion.chunk","created":',
+            str(shape.created).encode(), b',"model":', json_dumps(shape.model), b',"choices":[{"index":',
+            str(index).encode(), b',"delta":',
+        ))  # fmt: skip
+        self.tail = b'}],"usage":null}\n\n' if shape.include_usage else b"}]}\n\n"
+        self.text_before = self.head + b'{"content":'
+        self.text_after = b'},"logprobs":null,"finish_reason":null' + self.tail
+        self.between = self.text_after + self.text_before
+        """What comes between two texts of a run of text events."""
+
+    def texts(self, texts: tuple[str, ...] | list[str]) -> bytes:
+        """The text events of ``texts``, in one piece of bytes."""
+        if not texts:
+            return b""
+        return self.text_before + self.between.join([json_dumps(text) for text in texts]) + self.text_after
+
+    def plain(self, text: str, finish: str | None) -> bytes:
+        """The event of a delta of ``text`` (none when empty) and ``finish``."""
+        delta = b'{"content":' + json_dumps(text) + b"}" if text else b"{}"
+        reason = b"null" if finish is None else json_dumps(finish)
+        return self.head + delta + b',"logprobs":null,"finish_reason":' + reason + self.tail
+
+    def role(self) -> bytes:
+        return self.head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null' + self.tail
 
 
 class ResponseShape:
@@ -115,8 +142,8 @@ class ResponseShape:
         self._object = "chat.completion.chunk" if chat else "text_completion"
         self._offsets: dict[int, int] = {}
         """Completions streams: characters of each choice sent so far (``text_offset``)."""
-        self._text_events: dict[int, tuple[bytes, bytes] | None] = {}
-        """Chat streams: each choice's event of a text delta, as the bytes before and after the text."""
+        self._events: dict[int, _ChoiceEvents] = {}
+        """Chat streams: each choice's plain events, rendered around their delta."""
 
     def whole(self, chunks: list[Chunk]) -> tuple[dict[str, Any], Usage | None]:
         """The whole answer's document, and the usage it reports."""
@@ -166,16 +193,11 @@ class ResponseShape:
             doc["usage"] = None
         return doc
 
-    def role_chunks(self) -> list[dict[str, Any]]:
+    def role_events(self) -> list[bytes]:
         """Chat streams open with the assistant role for each choice, as OpenAI's do."""
         if not self.chat:
             return []
-        return [
-            self._chunk(
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            )
-            for i in range(self.n)
-        ]
+        return [self._choice(i).role() for i in range(self.n)]
 
     def delta(self, chunk: Chunk) -> dict[str, Any] | None:
         if not chunk.text and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
@@ -200,37 +222,26 @@ class ResponseShape:
             {"index": chunk.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": chunk.finish_reason}
         )
 
-    def text_event(self, index: int, text: str) -> bytes | None:
-        """The SSE event of a chat chunk of text alone (most of a stream), byte for byte what
-        ``delta`` and ``exchange.event`` make of it, from a template rendered once per choice: one
-        ``orjson.dumps`` of the text rather than a document of three dicts per token. None where no
-        template can be cut (an id or model holding the placeholder): ``delta`` then."""
-        parts = self._text_template(index)
-        if parts is None:
-            return None
-        return parts[0] + json_dumps(text) + parts[1]
+    def plain_event(self, chunk: Chunk) -> bytes:
+        """The SSE event of a chat chunk of text, a finish or both and nothing else (most of a stream's
+        chunks), byte for byte what ``delta`` and ``exchange.event`` make of it, from the choice's
+        ``_ChoiceEvents``."""
+        return self._choice(chunk.index).plain(chunk.text, chunk.finish_reason)
 
-    def text_events(self, index: int, texts: tuple[str, ...]) -> bytes | None:
-        """``text_event`` of each of ``texts``, in one piece of bytes."""
-        parts = self._text_template(index)
-        return None if parts is None else _rendered(parts, texts)
+    def text_events(self, index: int, texts: tuple[str, ...] | list[str]) -> bytes:
+        """The events of deltas of ``texts`` alone of choice ``index``, in one piece of bytes."""
+        return self._choice(index).texts(texts)
 
     def text_list(self, texts: list[str]) -> bytes:
-        """``text_events`` of choice 0 where its template is known to be there (``text_event`` said so)."""
-        parts = self._text_events[0]
-        if parts is None:
-            raise RuntimeError("no text template")
-        return _rendered(parts, texts)
+        """``text_events`` of choice 0."""
+        return self._choice(0).texts(texts)
 
-    def _text_template(self, index: int) -> tuple[bytes, bytes] | None:
-        """Choice ``index``'s text event as the bytes before and after its text, cut once per choice."""
-        events = self._text_events
-        if index in events:
-            return events[index]
-        doc = self._chunk({"index": index, "delta": {"content": _HOLE}, "logprobs": None, "finish_reason": None})
-        pieces = json_dumps(doc).split(_HOLE_JSON)
-        parts = events[index] = (b"data: " + pieces[0], pieces[1] + b"\n\n") if len(pieces) == 2 else None
-        return parts
+    def _choice(self, index: int) -> _ChoiceEvents:
+        """Choice ``index``'s ``_ChoiceEvents`` (chat streams), made at its first event."""
+        events = self._events.get(index)
+        if events is None:
+            events = self._events[index] = _ChoiceEvents(self, index)
+        return events
 
     def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:
         return {

@@ -27,33 +27,28 @@ class OpenAIAnswer:
         return self.shape.whole(chunks)
 
     def opening(self) -> list[bytes]:
-        return [event(doc) for doc in self.shape.role_chunks()]
+        return self.shape.role_events()
 
     def chunk(self, chunk: Chunk) -> bytes | None:
         if chunk.pieces:  # deltas that arrived together: one event each, as the engine sent them
             shape = self.shape
             pieces = pieces_of(chunk)
             if pieces and shape.chat and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
-                data = shape.text_events(chunk.index, pieces)
-                if data is not None:
-                    return data
+                return shape.text_events(chunk.index, pieces)
             return b"".join([self._one(c) or b"" for c in one_by_one(chunk)]) or None
         return self._one(chunk)
 
     def _one(self, chunk: Chunk) -> bytes | None:
         shape = self.shape
-        if shape.chat and chunk.text and chunk.finish_reason is None and not chunk.tool_calls and not chunk.logprobs:
-            data = shape.text_event(chunk.index, chunk.text)  # text alone: most of a stream's chunks
-            if data is not None:
-                return data
+        said = chunk.text or chunk.finish_reason is not None
+        if shape.chat and said and not chunk.tool_calls and not chunk.logprobs:  # most of a stream's chunks
+            return shape.plain_event(chunk)
         doc = shape.delta(chunk)
         return None if doc is None else event(doc)
 
     def text_events(self) -> Callable[[list[str]], bytes] | None:
         shape = self.shape
-        if not shape.chat or shape.text_event(0, "") is None:
-            return None
-        return shape.text_list
+        return shape.text_list if shape.chat else None
 
     def closing(self, usage: Usage | None) -> bytes:
         if self.shape.include_usage:

@@ -176,8 +176,6 @@ def test_texts_are_written_as_the_chunk_of_them_is(texts: list[str]) -> None:
 def test_only_a_chat_stream_without_a_cache_or_a_listener_writes_texts() -> None:
     assert Events(OpenAIAnswer(ResponseShape(False, "r", "m", False, 1))).text_events is None  # completions
     assert Events(OpenAIAnswer(ResponseShape(True, "r", "m", False, 1)), keep=True).text_events is None
-    holed = ResponseShape(True, "r", "\x00enginegate-text\x00", False, 1)  # no template can be cut
-    assert Events(OpenAIAnswer(holed)).text_events is None
     assert Events(OpenAIAnswer(ResponseShape(True, "r", "m", False, 1))).text_events is not None
 
 

@@ -1,5 +1,6 @@
-"""A chat stream's text deltas rendered from a template (``ResponseShape.text_event``) are byte for byte
-the events the document path makes: every client parses them as before."""
+"""A chat stream's plain events rendered around their delta (``ResponseShape.plain_event``,
+``text_events``, ``role_events``) are byte for byte the events the document path makes: every client
+parses them as before."""
 
 from __future__ import annotations
 
@@ -25,29 +26,34 @@ TEXTS = [
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
-@pytest.mark.parametrize("model", ["m", 'a "quoted" model', "modèle/🙂"])
-def test_text_events_are_the_documents_events(include_usage: bool, model: str) -> None:
-    shape = ResponseShape(True, "req-1", model, include_usage, n=3)
+@pytest.mark.parametrize("model", ["m", 'a "quoted" model', "modèle/🙂", "\x00enginegate-text\x00"])
+@pytest.mark.parametrize("request_id", ["req-1", 'q"\\\u2028'])
+def test_plain_events_are_the_documents_events(include_usage: bool, model: str, request_id: str) -> None:
+    shape = ResponseShape(True, request_id, model, include_usage, n=3)
     rng = random.Random(0)
     texts = [t for t in TEXTS if t] + [
         "".join(rng.choice('ab"\\\n é🙂\x07') for _ in range(rng.randint(1, 40))) for _ in range(200)
     ]
     for i, text in enumerate(texts):
         index = i % 3
-        expected = event(shape.delta(Chunk(text, index=index)))
-        assert shape.text_event(index, text) == expected, text
+        finish = (None, None, "stop", "length", 'a "reason"')[i % 5]
+        for chunk in (Chunk(text, index=index), Chunk(text, finish, index=index), Chunk("", finish, index=index)):
+            doc = shape.delta(chunk)
+            if doc is not None:
+                assert shape.plain_event(chunk) == event(doc), chunk
+        run = texts[i : i + 1 + i % 4]
+        assert shape.text_events(index, run) == b"".join(event(shape.delta(Chunk(t, index=index))) for t in run)
+    assert shape.text_events(1, []) == b""
+    roles = [event(shape._chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None})) for i in range(3)]  # fmt: skip
+    assert shape.role_events() == roles
+    assert ResponseShape(False, request_id, model, include_usage, n=3).role_events() == []
 
 
-def test_the_answer_uses_the_template_for_text_alone_and_the_document_for_the_rest() -> None:
+def test_the_answer_uses_the_plain_events_and_the_document_for_the_rest() -> None:
     answer = OpenAIAnswer(ResponseShape(True, "req-2", "m", False))
     reference = ResponseShape(True, "req-2", "m", False)
     reference.created = answer.shape.created
     for chunk in (Chunk(" hi"), Chunk("", "stop"), Chunk(" end", "length"), Chunk("")):
         doc = reference.delta(chunk)
         assert answer.chunk(chunk) == (None if doc is None else event(doc))
-
-
-def test_a_model_name_holding_the_placeholder_falls_back_to_the_document() -> None:
-    shape = ResponseShape(True, "req-3", "\x00enginegate-text\x00", False)
-    assert shape.text_event(0, "x") is None
-    assert OpenAIAnswer(shape).chunk(Chunk("x")) == event(shape.delta(Chunk("x")))
