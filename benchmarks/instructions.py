@@ -28,14 +28,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.overhead import start_fake_engine  # noqa: E402
+from benchmarks.overhead import start_fake_engine, wait_for  # noqa: E402
 
 WARMUP, CONNECTIONS = 200, 8
 
@@ -45,18 +43,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _wait_for(url: str, server: subprocess.Popen[bytes]) -> None:
-    """Until ``url`` answers (a gateway under callgrind takes a minute or so to start)."""
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError(f"{url} did not answer (the server exited with {server.poll()})")
 
 
 def _send(port: int, stream: bool, count: int) -> None:
@@ -95,7 +81,7 @@ def _total(tree: Path, engine: str, stream: bool, requests: int, out: Path) -> i
            "--port", str(port), "--log-level", "warning"]  # fmt: skip
     server = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(tree)}, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/healthz", server)
+        wait_for(f"http://127.0.0.1:{port}/healthz", timeout_s=600)  # a minute or so under callgrind
         _send(port, stream, WARMUP)
         if requests:
             _send(port, stream, requests)

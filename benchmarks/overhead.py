@@ -79,8 +79,8 @@ def rss_mb(pid: int) -> float:
     return int(m.group(1)) / 1024 if m else 0.0
 
 
-def wait_for(url: str) -> None:
-    deadline = time.monotonic() + 60
+def wait_for(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if httpx.get(url, timeout=1).status_code == 200:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from gateway.http import exchange
@@ -202,8 +202,9 @@ def test_a_whole_response_in_one_call_is_what_uvicorns_send_writes(heads: list[s
     assert fast[0].startswith(b"HTTP/1.1 429 Too Many Requests\r\n") and b"retry-after: 2\r\n" in fast[0]
 
 
-def test_a_header_send_refuses_is_left_to_send() -> None:
-    cycle_headers = [(b"x-bad", b"a\nb")]
+def _on_cycle(check: Callable[[RequestResponseCycle], None]) -> Any:
+    """An app that reads its request, runs ``check`` on the request's uvicorn cycle, then answers
+    ``{}`` through ``Exchange``."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -211,10 +212,19 @@ def test_a_header_send_refuses_is_left_to_send() -> None:
         await receive()
         cycle = cycle_of(send)
         assert cycle is not None
-        assert not send_whole(cycle, 200, cycle_headers, b"{}") and not cycle.response_started
+        check(cycle)
         await Exchange(receive, send, "r1").respond(200, b"{}")
 
-    writes, _, _ = _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
+    return app
+
+
+def test_a_header_send_refuses_is_left_to_send() -> None:
+    cycle_headers = [(b"x-bad", b"a\nb")]
+
+    def check(cycle: RequestResponseCycle) -> None:
+        assert not send_whole(cycle, 200, cycle_headers, b"{}") and not cycle.response_started
+
+    writes, _, _ = _answered(_on_cycle(check), ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
     assert writes[0].endswith(b"\r\n\r\n{}")
 
 
@@ -223,12 +233,7 @@ def test_every_byte_send_refuses_in_a_header_is_refused_and_no_other() -> None:
     and built for one holding any other byte: all 256, in a name and in a value, against the patterns."""
     refused: list[tuple[str, int, bool, bool]] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        await receive()
-        cycle = cycle_of(send)
-        assert cycle is not None
+    def check(cycle: RequestResponseCycle) -> None:
         for b in range(256):
             byte = bytes((b,))
             for where, headers, pattern in (
@@ -236,9 +241,8 @@ def test_every_byte_send_refuses_in_a_header_is_refused_and_no_other() -> None:
                 ("value", [(b"x-a", b"v" + byte + b"w")], HEADER_VALUE_RE),
             ):
                 refused.append((where, b, _head(cycle, 200, headers) is None, pattern.search(byte) is not None))
-        await Exchange(receive, send, "r1").respond(200, b"{}")
 
-    _answered(app, ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
+    _answered(_on_cycle(check), ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
     assert len(refused) == 512
     assert [r for r in refused if r[2] != r[3]] == []
     assert sum(r[2] for r in refused) > 60  # both patterns refuse some bytes: the check can fail
