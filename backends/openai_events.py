@@ -18,7 +18,7 @@ event than orjson's whole parse).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -28,7 +28,8 @@ from backends.httpclient import Response
 from backends.sse import Event
 from values.calls import json_dumps, json_loads
 
-_PROBE = "\x00enginegate-probe\x00"
+_PROBE: Final = "\x00enginegate-probe\x00"
+_PROBE_JSON: Final = json_dumps(_PROBE).decode()
 
 
 def text_alone(choice: Any) -> str | None:
@@ -76,22 +77,25 @@ class TextTemplate:
 
     @staticmethod
     def learn(data: str, doc: dict[str, Any], text: str) -> TextTemplate | None:
-        """The template of event ``data`` (parsed: ``doc``, a delta of ``text`` alone), or None where
-        the text is not found once, as this encoder writes it, right after the delta's key, or where
-        another string there would not be read as the delta's text."""
+        """The template of event ``data`` (parsed: ``doc``, a delta of ``text`` alone of choice 0, as
+        ``first_text`` reads it), or None where the text is not found once, as this encoder writes it,
+        right after the delta's key, or where another string there would not be read as the delta's
+        text."""
         encoded = json_dumps(text).decode()
         at = data.find(encoded)
-        if at < 0 or data.find(encoded, at + 1) >= 0 or not data[:at].rstrip().endswith('"content":'):
+        before = data[:at]
+        if at < 0 or data.find(encoded, at + 1) >= 0 or not before.rstrip().endswith('"content":'):
             return None
-        template = TextTemplate(data[:at], data[at + len(encoded) :])
+        template = TextTemplate(before, data[at + len(encoded) :])
         try:  # the same event with another text must read as exactly that: nothing else moved
-            probe = json_loads(template.before + json_dumps(_PROBE).decode() + template.after)
+            probe = json_loads(before + _PROBE_JSON + template.after)
         except orjson.JSONDecodeError:
             return None
-        if first_text(probe) != _PROBE:
-            return None
-        probe["choices"][0]["delta"]["content"] = text
-        return template if probe == doc else None
+        delta = doc["choices"][0]["delta"]
+        delta["content"] = _PROBE  # the document with the probe's text, compared, then as it was
+        same = probe == doc
+        delta["content"] = text
+        return template if same else None
 
     def read(self, data: str) -> str | None:
         """The text of an event that is this template around one JSON string (not empty); else None."""

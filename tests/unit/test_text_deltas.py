@@ -37,7 +37,9 @@ def _learned(data: str) -> TextTemplate | None:
     doc = orjson.loads(data)
     text = first_text(doc)
     assert text is not None
-    return TextTemplate.learn(data, doc, text)
+    template = TextTemplate.learn(data, doc, text)
+    assert doc == orjson.loads(data)  # learning leaves the document as it was
+    return template
 
 
 def _with_text(data: str, text: str) -> str:
@@ -135,6 +137,8 @@ def test_no_template_where_the_text_cannot_be_placed_for_sure() -> None:
     assert _learned(ascii_escaped) is None
     twice = '{"choices":[{"index":0,"delta":{"content":"x"}}],"echo":{"content":"x"}}'
     assert _learned(twice) is None
+    elsewhere = '{"choices":[{"index":0,"delta":{"content":"\\u0079"}}],"echo":{"content":"y"}}'  # not the delta's
+    assert _learned(elsewhere) is None
     spaced = _learned('{"choices": [{"index": 0, "delta": {"content": "x"}}]}')
     assert spaced is not None and spaced.read('{"choices": [{"index": 0, "delta": {"content": "yz"}}]}') == "yz"
 
