@@ -98,7 +98,7 @@ class _ChoiceEvents:
     ``delta`` and ``exchange.event`` make of the same chunk, with one ``orjson.dumps`` of a string where
     the document path builds three dicts and dumps them (most of a stream's events are a text alone)."""
 
-    __slots__ = ("between", "head", "tail", "text_after", "text_before")
+    __slots__ = ("between", "head", "quoted_between", "tail", "text_after", "text_before")
 
     def __init__(self, shape: ResponseShape, index: int) -> None:
         # The document's keys in ``_chunk``'s order, as orjson writes them (compact, strings escaped by it).
@@ -112,12 +112,22 @@ class _ChoiceEvents:
         self.text_after = b'},"logprobs":null,"finish_reason":null' + self.tail
         self.between = self.text_after + self.text_before
         """What comes between two texts of a run of text events."""
+        self.quoted_between = b'"' + self.between + b'"'
+        """What replaces the ``","`` between two strings of a list of them."""
 
     def texts(self, texts: tuple[str, ...] | list[str]) -> bytes:
-        """The text events of ``texts``, in one piece of bytes."""
-        if not texts:
-            return b""
-        return self.text_before + self.between.join([json_dumps(text) for text in texts]) + self.text_after
+        """The text events of ``texts``, in one piece of bytes. A run of texts is encoded as one list (one
+        ``orjson.dumps``, about 800 instructions a call, not one per text); where none of them was
+        escaped (no backslash in the list), every quote in it is a string's own, so each ``","`` is the
+        gap between two texts, where the events' bytes go."""
+        if len(texts) < 2:
+            return self.text_before + json_dumps(texts[0]) + self.text_after if texts else b""
+        encoded = json_dumps(texts)
+        if b"\\" in encoded:
+            strings = self.between.join([json_dumps(text) for text in texts])
+        else:
+            strings = encoded[1:-1].replace(b'","', self.quoted_between)
+        return b"".join((self.text_before, strings, self.text_after))
 
     def plain(self, text: str, finish: str | None) -> bytes:
         """The event of a delta of ``text`` (none when empty) and ``finish``."""

@@ -22,6 +22,8 @@ TEXTS = [
     "é ü 中文 🙂",
     "\u2028\u2029",
     "</script>",
+    'quote, comma ",',
+    '","',
 ]
 
 
@@ -33,6 +35,9 @@ def test_plain_events_are_the_documents_events(include_usage: bool, model: str, 
     rng = random.Random(0)
     texts = [t for t in TEXTS if t] + [
         "".join(rng.choice('ab"\\\n é🙂\x07') for _ in range(rng.randint(1, 40))) for _ in range(200)
+    ]
+    texts += [  # nothing to escape: runs of them are encoded as one list
+        "".join(rng.choice("ab ,é🙂[]/<") for _ in range(rng.randint(1, 9))) for _ in range(200)
     ]
     for i, text in enumerate(texts):
         index = i % 3
