@@ -5,8 +5,9 @@ text: vLLM's ``{"id":"chatcmpl-..","object":"chat.completion.chunk","created":..
 "choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}``. Once
 one such event was parsed, ``TextTemplate`` keeps what came before and after its text; a later event
 with the same bytes around a single JSON string is that event with another text, so only the string
-is parsed (``orjson``), not a document of three dicts. Anything else (another shape, another choice,
-the finish, usage, an engine that changes a field per event) is parsed whole, as before. Such an
+is read (its bytes decoded as they are where nothing in it is escaped, else parsed by ``orjson``), not
+a document of three dicts. Anything else (another shape, another choice, the finish, usage, an engine
+that changes a field per event) is parsed whole, as before. Such an
 event as the wire brings it (``data: ``, the event, a blank line: what an engine writes per token,
 alone in a read when decode-paced, a run of them in one read when they came in a burst) is read from
 the read's bytes, without splitting them into lines or decoding them first (``EventBatches._scan``).
@@ -30,6 +31,8 @@ from values.calls import json_dumps, json_loads
 
 _PROBE: Final = "\x00enginegate-probe\x00"
 _PROBE_JSON: Final = json_dumps(_PROBE).decode()
+_PLAIN: Final = bytes(0 if byte < 0x20 or byte in b'"\\' else 1 for byte in range(256))
+"""A ``bytes.translate`` table: a string's bytes that JSON writes as they are to 1, the rest to NUL."""
 
 
 def text_alone(choice: Any) -> str | None:
@@ -120,9 +123,19 @@ class TextTemplate:
             return False
         if not line.endswith(after):
             return False
-        middle = line[len(before) : len(line) - len(after)]
-        if middle[0] != 34:  # a quote
+        start, end = len(before), len(line) - len(after)
+        if line[start] != 34:  # a quote
             return False
+        if line[end - 1] == 34 and end - start > 2:
+            inner = line[start + 1 : end - 1]
+            if b"\x00" not in inner.translate(_PLAIN):  # no quote, backslash or control: a string as it is
+                try:
+                    text = inner.decode()
+                except UnicodeDecodeError:  # as orjson: parsed whole, decoded with replacements
+                    return False
+                texts.append(text)
+                return True
+        middle = line[start:end]
         try:
             text = json_loads(middle)
         except orjson.JSONDecodeError:  # more than one string, or bytes that are not UTF-8: parsed whole

@@ -99,6 +99,8 @@ def test_a_template_reads_a_read_of_one_event_without_parsing_it_whole(text: str
         _wire(VLLM_TEXT).replace(b"data: ", b"data:"),  # no space: the parser's
         b": ping\n" + _wire(VLLM_TEXT),
         _wire(VLLM_TEXT).replace(b"tok", b"\xff\xfe"),  # not UTF-8: decoded with replacements by the parser
+        _wire(VLLM_TEXT).replace(b"tok", b"t\x01k"),  # a control character as it is: not JSON
+        _wire(VLLM_TEXT).replace(b"tok", b"t\tk"),
         _wire(VLLM_TEXT.replace('" tok"', '"a","x":"b"')),
         _wire(_with_text(VLLM_TEXT, "")),
         b"event: error\n" + _wire(VLLM_TEXT),
@@ -109,6 +111,32 @@ def test_a_template_reads_no_other_read(piece: bytes) -> None:
     template = _learned(VLLM_TEXT)
     assert template is not None
     assert _read_wire(template, piece) is None
+
+
+def _json_text(string: bytes) -> str | None:
+    """What a whole parse reads of ``string`` where a text goes: a text (not empty), or None."""
+    try:
+        text = orjson.loads(string)
+    except orjson.JSONDecodeError:
+        return None
+    return text if type(text) is str and text else None
+
+
+def test_a_template_reads_any_bytes_where_the_text_goes_as_json_does() -> None:
+    """Plain strings are read as they are and the rest by orjson: the two agree on every string."""
+    template = _learned(VLLM_TEXT)
+    assert template is not None
+    before, after = _wire(VLLM_TEXT).split(b'" tok"')
+    rng = random.Random(1)
+    pieces = [b"a", b" ", b'"', b"\\", b"\\n", b"\\u00e9", b"\\ud800", b"\x00", b"\x1f", b"\x7f", b"\xc3\xa9",
+              b"\xe4\xb8\xad", b"\xff", b"\xed\xa0\x80", b"\xc3", b",", b"}"]  # fmt: skip
+    strings = [b'"' + b"".join(rng.choices(pieces, k=rng.randint(0, 6))) + b'"' for _ in range(3000)]
+    for string in [*strings, b'"', b'""', b'"a"b"', b'"a" "b"', b"x"]:
+        texts: list[str] = []
+        read = template.read_event((before + string + after).rstrip(b"\n"), texts)
+        expected = _json_text(string)
+        assert (texts[0] if read else None) == expected, string
+        assert len(texts) == read
 
 
 def test_a_template_reads_a_run_of_its_events_in_one_read_and_stops_at_anything_else() -> None:
