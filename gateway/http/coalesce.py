@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 _OWN = frozenset((b"connection", b"transfer-encoding", b"content-length"))
 """Header names whose lines change what the cycle does with the connection or the body: never sent by
 ``send_whole`` (the content length is its own)."""
+_USUAL: Final = frozenset((
+    b"server", b"date", b"content-type", b"cache-control", b"x-accel-buffering", b"retry-after",
+    b"x-request-id", b"x-client-request-id", b"x-enginegate-route", b"x-enginegate-rule", b"x-enginegate-arm",
+    b"x-enginegate-model", b"x-enginegate-backend", b"x-enginegate-overhead-ms", b"x-enginegate-cache",
+    b"x-enginegate-dropped",
+))  # fmt: skip
+"""The header names of the gateway's usual responses, already as ``send`` writes them (lower case) and
+none of ``_OWN``: a look-up instead of a ``lower()`` and a look-up of its result (about 600 instructions a
+line under callgrind, nine lines a response)."""
 
 
 def _refusals(refused: re.Pattern[bytes]) -> bytes:
@@ -112,10 +121,11 @@ def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, b
         return None  # send raises for it, as it should
     content = [STATUS_LINE[status]]
     for name, value in lines:
-        name = name.lower()
-        if name in _OWN:
-            return None
-        content.append(b"%s: %s\r\n" % (name, value))
+        if name not in _USUAL:
+            name = name.lower()
+            if name in _OWN:
+                return None
+        content += (name, b": ", value, b"\r\n")
     return content
 
 

@@ -16,7 +16,7 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, Re
 from uvicorn.server import ServerState
 
 from gateway.http import exchange
-from gateway.http.coalesce import HeadWithBody, _head, cycle_of, send_chunk, send_whole, start_chunked
+from gateway.http.coalesce import _OWN, _USUAL, HeadWithBody, _head, cycle_of, send_chunk, send_whole, start_chunked
 from gateway.http.exchange import Exchange
 from gateway.http.protocol import GatewayHttpProtocol
 from tests.compiled import compiled
@@ -216,6 +216,20 @@ def _on_cycle(check: Callable[[RequestResponseCycle], None]) -> Any:
         await Exchange(receive, send, "r1").respond(200, b"{}")
 
     return app
+
+
+def test_the_usual_header_names_are_written_as_they_are_and_others_as_send_writes_them() -> None:
+    """A usual name skips ``lower()`` and the look-up of ``_OWN``: it must be one ``send`` writes unchanged."""
+    assert all(name == name.lower() and name not in _OWN for name in _USUAL)
+    heads: list[list[bytes] | None] = []
+
+    def check(cycle: RequestResponseCycle) -> None:
+        for headers in ([(b"X-Request-ID", b"1"), (b"x-request-id", b"2")], [(b"Content-Length", b"2")]):
+            heads.append(_head(cycle, 200, headers))
+
+    _answered(_on_cycle(check), ["POST /a HTTP/1.1\r\nhost: localhost\r\n"])
+    assert heads[0] is not None and b"".join(heads[0]).endswith(b"x-request-id: 1\r\nx-request-id: 2\r\n")
+    assert heads[1] is None
 
 
 def test_a_header_send_refuses_is_left_to_send() -> None:
