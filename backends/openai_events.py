@@ -128,7 +128,7 @@ class TextTemplate:
             return False
         if line[end - 1] == 34 and end - start > 2:
             inner = line[start + 1 : end - 1]
-            if b"\x00" not in inner.translate(_PLAIN):  # no quote, backslash or control: a string as it is
+            if 0 not in inner.translate(_PLAIN):  # no quote, backslash or control (0: see values.calls)
                 try:
                     text = inner.decode()
                 except UnicodeDecodeError:  # as orjson: parsed whole, decoded with replacements

@@ -7,6 +7,11 @@ imported with ``from time import perf_counter`` a look-up in the importing modul
 130). A module-level ``Final`` name is a C static instead, which compiled code reads directly, in this
 module's callers too (mypyc compiles them into one extension). Interpreted, each is an ordinary global.
 A whole answer made about 35 such look-ups and a 16-token stream about 70.
+
+Not a name, but the same kind of cost: a test for one byte in bytes is written with the byte's int
+(``0 in data``, not ``b"\\x00" in data``). Given bytes, ``in`` first tries them as an int and makes,
+formats and clears a ``TypeError`` (about 2,000 instructions a test under callgrind); an int goes
+straight to ``memchr``.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class _ChoiceEvents:
         if len(texts) < 2:
             return self.text_before + json_dumps(texts[0]) + self.text_after if texts else b""
         encoded = json_dumps(texts)
-        if b"\\" in encoded:
+        if 92 in encoded:  # a backslash, as an int (see ``values.calls``)
             strings = self.between.join([json_dumps(text) for text in texts])
         else:
             strings = encoded[1:-1].replace(b'","', self.quoted_between)

@@ -44,6 +44,26 @@ def test_every_listed_module_exists_and_has_nothing_mypyc_cannot_compile() -> No
         assert not _async_generators(ROOT / path), "mypyc does not compile async generators"
 
 
+def _byte_tests(source: str) -> list[int]:
+    """The lines that test one byte in bytes with a bytes literal (``b"x" in data``)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Constant)
+        and isinstance(node.left.value, bytes)
+        and len(node.left.value) == 1
+        and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
+    ]
+
+
+def test_the_request_path_tests_a_byte_in_bytes_with_its_int() -> None:
+    """``0 in data``, not ``b"\\x00" in data``: the bytes are tried as an int first, a TypeError made and
+    cleared each time (``values.calls``)."""
+    assert _byte_tests('x = 0 in data\nif b"\\\\" not in data or b"ab" in data: pass') == [2]
+    assert [f"{path}:{line}" for path in LISTED for line in _byte_tests((ROOT / path).read_text())] == []
+
+
 IN_COPY = (ROOT / MARK).exists()
 """Running in build/compiled, after tools/compiled_tree.py built it."""
 
