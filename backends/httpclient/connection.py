@@ -360,7 +360,8 @@ class Connection(asyncio.Protocol):
         framed = False
         for name, value in self.raw_headers:
             lowered = name.lower()
-            if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+            chunked = lowered == b"transfer-encoding" and value.lower().find(b"chunked") >= 0  # find: values.calls
+            if lowered == b"content-length" or chunked:
                 framed = True
             elif lowered == b"content-type":
                 self.content_type = value

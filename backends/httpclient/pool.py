@@ -116,7 +116,7 @@ class HttpClient:
                 body,
             )
         conn, reused = await self._acquire()
-        closing = _CLOSE in headers
+        closing = headers.find(_CLOSE) >= 0  # not ``in``: see values.calls
         try:
             conn.send(data)
             conn.closing = closing  # after send(), which starts the exchange afresh
