@@ -10,7 +10,7 @@ a document of three dicts. Anything else (another shape, another choice, the fin
 that changes a field per event) is parsed whole, as before. Such an
 event as the wire brings it (``data: ``, the event, a blank line: what an engine writes per token,
 alone in a read when decode-paced, a run of them in one read when they came in a burst) is read from
-the read's bytes, without splitting them into lines or decoding them first (``EventBatches._scan``).
+the read's bytes, without the SSE parser and without decoding them first (``EventBatches._scan``).
 
 Written here rather than taken from a library: no JSON library reads "this document, but for one
 string" (orjson and the standard library parse whole documents; a streaming parser costs more per

@@ -106,8 +106,8 @@ def cycle_of(send: object) -> RequestResponseCycle | None:
 
 def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes] | None:
     """The status line and header lines ``send`` would write for a start message with ``headers`` (none of
-    them a length, an encoding or a connection header), the closing blank line not yet added; None when
-    the response is one for ``send``."""
+    them a length, an encoding or a connection header), in pieces to join, the closing blank line not yet
+    added; None when the response is one for ``send``."""
     if cycle.response_started or cycle.disconnected or cycle.flow.write_paused or cycle.access_log:
         return None
     if cycle.scope["method"] == "HEAD" or status not in STATUS_LINE:
