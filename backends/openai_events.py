@@ -86,8 +86,10 @@ class TextTemplate:
         text."""
         encoded = json_dumps(text).decode()
         at = data.find(encoded)
+        if at < 0 or data.find(encoded, at + 1) >= 0:
+            return None
         before = data[:at]
-        if at < 0 or data.find(encoded, at + 1) >= 0 or not before.rstrip().endswith('"content":'):
+        if not before.rstrip().endswith('"content":'):
             return None
         template = TextTemplate(before, data[at + len(encoded) :])
         try:  # the same event with another text must read as exactly that: nothing else moved

@@ -120,8 +120,10 @@ class _ChoiceEvents:
         ``orjson.dumps``, about 800 instructions a call, not one per text); where none of them was
         escaped (no backslash in the list), every quote in it is a string's own, so each ``","`` is the
         gap between two texts, where the events' bytes go."""
-        if len(texts) < 2:
-            return self.text_before + json_dumps(texts[0]) + self.text_after if texts else b""
+        if not texts:
+            return b""
+        if len(texts) == 1:
+            return self.text_before + json_dumps(texts[0]) + self.text_after
         encoded = json_dumps(texts)
         if 92 in encoded:  # a backslash, as an int (see ``values.calls``)
             strings = self.between.join([json_dumps(text) for text in texts])
